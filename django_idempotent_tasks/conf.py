@@ -1,0 +1,66 @@
+"""Settings of the app, read lazily so that ``override_settings`` works."""
+
+from __future__ import annotations
+
+from django.conf import settings
+
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
+
+
+def _positive_int(name: str, default: int) -> int:
+    value = getattr(settings, name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise IdempotencyConfigurationError(f"{name} must be a positive integer, got {value!r}.")
+    return value
+
+
+class Settings:
+    @property
+    def CACHE(self) -> str:
+        """Alias of the django-redis cache that holds the locks."""
+        value = getattr(settings, "IDEMPOTENT_TASKS_CACHE", "default")
+        if not isinstance(value, str) or not value:
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENT_TASKS_CACHE must be a cache alias (a str), got {value!r}."
+            )
+        return value
+
+    @property
+    def LOCK_TTL(self) -> int:
+        """Seconds a lock and lease live without renewal."""
+        return _positive_int("IDEMPOTENT_TASKS_LOCK_TTL", 60)
+
+    @property
+    def RECORD_TTL(self) -> int:
+        """Seconds a finished record is kept before it may be purged."""
+        return _positive_int("IDEMPOTENT_TASKS_RECORD_TTL", 7 * 24 * 3600)
+
+    @property
+    def MAX_RESULT_BYTES(self) -> int:
+        """Largest JSON result stored, in bytes."""
+        return _positive_int("IDEMPOTENT_TASKS_MAX_RESULT_BYTES", 64 * 1024)
+
+    @property
+    def MAX_ATTEMPTS(self) -> int:
+        """Claims before a key is failed for good."""
+        return _positive_int("IDEMPOTENT_TASKS_MAX_ATTEMPTS", 5)
+
+    @property
+    def CONFLICT_RETRY_DELAY(self) -> int:
+        """Countdown in seconds of a delivery re-queued by a conflict."""
+        return _positive_int("IDEMPOTENT_TASKS_CONFLICT_RETRY_DELAY", 1)
+
+    def validate(self) -> None:
+        """Read every setting once, raising on the first invalid one."""
+        for name in (
+            "CACHE",
+            "LOCK_TTL",
+            "RECORD_TTL",
+            "MAX_RESULT_BYTES",
+            "MAX_ATTEMPTS",
+            "CONFLICT_RETRY_DELAY",
+        ):
+            getattr(self, name)
+
+
+conf = Settings()

@@ -1,0 +1,96 @@
+"""``self.idempotency``: what a running task knows of its key, and its checkpointed steps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+from django.db import transaction
+
+from django_idempotent_tasks import keys, store
+from django_idempotent_tasks.exceptions import LeaseLost
+
+T = TypeVar("T")
+_UNSET: Any = object()
+
+
+class Idempotency:
+    """The key, lease and checkpoints of the delivery that is running the body."""
+
+    def __init__(self, key: str, scope: str, claim: store.Claim, max_result_bytes: int) -> None:
+        self.key = key
+        self.scope = scope
+        self.claim = claim
+        self.max_result_bytes = max_result_bytes
+        self.steps: dict[str, Any] = dict(claim.record.steps or {})
+
+    @property
+    def fence(self) -> int:
+        return self.claim.fence
+
+    @property
+    def attempt(self) -> int:
+        return self.claim.attempt
+
+    @property
+    def recovered(self) -> bool:
+        """An earlier attempt died mid-body: external calls it made may have happened."""
+        return self.claim.recovered
+
+    def subkey(self, name: str) -> str:
+        """A stable key for a downstream call, the same on every attempt under this key."""
+        return keys.subkey(self.scope, self.key, keys.validate_step_name(name))
+
+    def step(self, name: str, fn: Callable[[], T] | None = None) -> Any:
+        """Run ``fn`` once per key and return its stored result; without ``fn``, a context manager."""
+        step = Step(self, keys.validate_step_name(name))
+        if fn is None:
+            return step
+        with step:
+            if not step.done:
+                step.result = fn()
+        return step.result
+
+    def save_step(self, name: str, value: Any) -> Any:
+        """Checkpoint one step's result with a fenced write; returns the stored JSON form."""
+        stored, problem = store.encode_result(value, self.max_result_bytes)
+        if problem is not None:
+            raise ValueError(f"Step {name!r} cannot be checkpointed. {problem}")
+        steps = {**self.steps, name: stored}
+        if not store.checkpoint(self.claim, steps):
+            raise LeaseLost(f"Step {name!r} was not checkpointed: another delivery took over the key.")
+        self.steps = steps
+        return stored
+
+
+class Step:
+    """A checkpointed step as a context manager; its block and checkpoint commit together."""
+
+    def __init__(self, idempotency: Idempotency, name: str) -> None:
+        self.idempotency = idempotency
+        self.name = name
+        self.done = name in idempotency.steps
+        self.result: Any = idempotency.steps.get(name, _UNSET)
+        self._atomic = transaction.atomic(using=store.database())
+
+    def __enter__(self) -> Step:
+        if not self.done:
+            self._atomic.__enter__()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self.done:
+            return
+        try:
+            if exc is None:
+                if self.result is _UNSET:
+                    raise ValueError(f"Step {self.name!r} finished without setting step.result.")
+                self.result = self.idempotency.save_step(self.name, self.result)
+        except BaseException as error:
+            self._atomic.__exit__(type(error), error, error.__traceback__)
+            raise
+        self._atomic.__exit__(exc_type, exc, tb)
+        self.done = exc is None

@@ -1,0 +1,112 @@
+"""Pure functions on idempotency keys: validation, derivation, fingerprints and names."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import unicodedata
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+
+from django_idempotent_tasks.exceptions import InvalidIdempotencyKey, MissingIdempotencyKey
+
+MAX_KEY_LENGTH = 255
+KeySource = str | Callable[..., Any]
+
+
+def validate_key(key: object) -> str:
+    """Return ``key`` if it is a usable idempotency key, else raise ``InvalidIdempotencyKey``."""
+    if not isinstance(key, str):
+        raise InvalidIdempotencyKey(f"An idempotency key must be a str, got {type(key).__name__}.")
+    if not key.strip():
+        raise InvalidIdempotencyKey("An idempotency key must not be empty or only whitespace.")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidIdempotencyKey(
+            f"An idempotency key must be at most {MAX_KEY_LENGTH} characters, got {len(key)}."
+        )
+    if any(unicodedata.category(char) == "Cc" for char in key):
+        raise InvalidIdempotencyKey(
+            "An idempotency key must not contain control characters (such as NUL or newline)."
+        )
+    return key
+
+
+def bind_arguments(run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """Map a call's arguments onto the names of ``run``'s parameters, defaults applied."""
+    bound = inspect.signature(run).bind_partial(*args, **kwargs)
+    bound.apply_defaults()
+    arguments = dict(bound.arguments)
+    for name, param in inspect.signature(run).parameters.items():
+        if param.kind is inspect.Parameter.VAR_KEYWORD and name in arguments:
+            arguments.update(arguments.pop(name))
+    return arguments
+
+
+def derive_key(
+    source: KeySource,
+    task_name: str,
+    run: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+) -> str:
+    """Build a key from a task's template or callable and the call's arguments."""
+    if callable(source):
+        return validate_key(source(*args, **kwargs))
+    try:
+        return validate_key(source.format(**bind_arguments(run, args, kwargs)))
+    except (KeyError, IndexError, TypeError) as exc:
+        raise MissingIdempotencyKey(
+            f"Task {task_name!r} could not derive its idempotency key from the template "
+            f"{source!r}: {exc!r}. Pass idempotency_key=... or fix the template."
+        ) from exc
+
+
+def missing_key_error(task_name: str) -> MissingIdempotencyKey:
+    """The error for a call that names no key and whose task derives none."""
+    return MissingIdempotencyKey(
+        f"Task {task_name!r} needs an idempotency key: call it with "
+        f'idempotency_key="..." or declare idempotency_key="template-{{arg}}" on the task.'
+    )
+
+
+def canonical_json(value: Any) -> str:
+    """JSON with sorted keys and no spaces, the form that fingerprints hash."""
+    return json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":"))
+
+
+def fingerprint(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+    """sha256 of the call's arguments (the key itself excluded)."""
+    payload = canonical_json([list(args), {k: v for k, v in kwargs.items() if k != "idempotency_key"}])
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def digest(scope: str, key: str, *parts: str) -> str:
+    """A stable hex digest of a scoped key and extra parts; user text never forms a pattern."""
+    return hashlib.sha256("\x00".join((scope, key, *parts)).encode()).hexdigest()
+
+
+def subkey(scope: str, key: str, name: str) -> str:
+    """A stable key derived for a downstream call (a payment provider's idempotency key)."""
+    return f"idem-{digest(scope, key, 'subkey', name)[:40]}"
+
+
+def lock_name(scope: str, key: str) -> str:
+    """The Redis key of a scoped key's lock: hashed and prefixed."""
+    return f"django_idempotent_tasks:lock:{digest(scope, key)}"
+
+
+def loggable(key: str) -> str:
+    """A key shortened for log lines, since keys may carry personal data."""
+    return key if len(key) <= 24 else f"{key[:16]}…{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
+def validate_step_name(name: object) -> str:
+    """Return ``name`` if it can name a checkpointed step, else raise ``ValueError``."""
+    if not isinstance(name, str) or not name.strip() or len(name) > 100:
+        raise ValueError(f"A step name must be a non-empty str of at most 100 characters, got {name!r}.")
+    if any(unicodedata.category(char) == "Cc" for char in name):
+        raise ValueError(f"A step name must not contain control characters, got {name!r}.")
+    return name

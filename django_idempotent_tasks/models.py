@@ -1,0 +1,91 @@
+from __future__ import annotations
+
+from django.db import models
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+
+class IdempotencyRecordQuerySet(models.QuerySet["IdempotencyRecord"]):
+    def expired(self) -> IdempotencyRecordQuerySet:
+        """Records past their retention that no live lease protects."""
+        now = timezone.now()
+        return self.filter(expires_at__lt=now).exclude(
+            status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__gte=now
+        )
+
+    def stuck(self) -> IdempotencyRecordQuerySet:
+        """IN_PROGRESS records whose lease has expired: the holder died or stalled."""
+        return self.filter(status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__lt=timezone.now())
+
+    def live(self) -> IdempotencyRecordQuerySet:
+        """IN_PROGRESS records whose holder's lease is still running."""
+        return self.filter(status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__gte=timezone.now())
+
+
+class IdempotencyRecord(models.Model):
+    """One idempotency key: who holds it, how it ended and what it returned."""
+
+    class Status(models.TextChoices):
+        IN_PROGRESS = "IN_PROGRESS", _("In progress")
+        SUCCEEDED = "SUCCEEDED", _("Succeeded")
+        FAILED = "FAILED", _("Failed")
+
+    scope = models.CharField(
+        _("scope"), max_length=255, help_text=_("Namespace of the key; the task name by default.")
+    )
+    key = models.CharField(_("key"), max_length=255, help_text=_("The idempotency key the caller chose."))
+    task_name = models.CharField(_("task name"), max_length=255)
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.IN_PROGRESS)
+    fingerprint = models.CharField(
+        _("fingerprint"), max_length=64, help_text=_("sha256 of the task's arguments.")
+    )
+    result = models.JSONField(_("result"), null=True, blank=True)
+    error = models.JSONField(
+        _("error"), null=True, blank=True, help_text=_("Type, message and traceback of the last failure.")
+    )
+    steps = models.JSONField(
+        _("steps"), default=dict, blank=True, help_text=_("Results of the checkpointed steps, by name.")
+    )
+    attempts = models.PositiveIntegerField(_("attempts"), default=1)
+    fence = models.PositiveIntegerField(
+        _("fence"),
+        default=1,
+        help_text=_("Bumped on every claim; only the holder of the current fence may write."),
+    )
+    task_id = models.CharField(_("task id"), max_length=255, blank=True)
+    worker = models.CharField(
+        _("worker"), max_length=255, blank=True, help_text=_("Hostname and pid of the lease holder.")
+    )
+    lease_expires_at = models.DateTimeField(_("lease expires at"), null=True, blank=True)
+    created_at = models.DateTimeField(_("created at"), default=timezone.now)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    completed_at = models.DateTimeField(_("completed at"), null=True, blank=True)
+    expires_at = models.DateTimeField(_("expires at"), null=True, blank=True)
+
+    objects = IdempotencyRecordQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("idempotency record")
+        verbose_name_plural = _("idempotency records")
+        constraints = [
+            models.UniqueConstraint(fields=["scope", "key"], name="django_idempotent_tasks_scope_key_uniq")
+        ]
+        indexes = [models.Index(fields=["expires_at"], name="django_idempotent_expires_idx")]
+        permissions = [("release_lease", _("Can release stuck leases"))]
+
+    def __str__(self) -> str:
+        return f"{self.scope}:{self.key}"
+
+    @property
+    def lease_is_live(self) -> bool:
+        """IN_PROGRESS with a lease that has not expired."""
+        return (
+            self.status == self.Status.IN_PROGRESS
+            and self.lease_expires_at is not None
+            and self.lease_expires_at >= timezone.now()
+        )
+
+    @property
+    def is_stuck(self) -> bool:
+        """IN_PROGRESS with an expired lease."""
+        return self.status == self.Status.IN_PROGRESS and not self.lease_is_live

@@ -1,0 +1,187 @@
+"""``IdempotentTask``: the Celery base class that makes a task idempotent under a key."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
+
+from celery import shared_task
+from celery._state import _task_stack  # type: ignore[attr-defined]
+from celery.contrib.django.task import DjangoTask
+from celery.exceptions import Ignore, TimeLimitExceeded
+
+from django_idempotent_tasks import keys, store
+from django_idempotent_tasks.conf import conf
+from django_idempotent_tasks.delivery import Delivery, deliver
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
+from django_idempotent_tasks.idempotency import Idempotency
+
+if TYPE_CHECKING:
+    Base = DjangoTask[Any, Any]
+else:
+    Base = DjangoTask
+
+ON_CONFLICT_CHOICES = ("retry", "wait", "raise")
+KEY_ARGUMENT = "idempotency_key"
+
+
+def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
+    """Celery's argument check (``Task.typing``) with the idempotency key let through."""
+
+    @functools.wraps(check)
+    def check_arguments(*args: Any, **kwargs: Any) -> Any:
+        kwargs.pop(KEY_ARGUMENT, None)
+        return check(*args, **kwargs)
+
+    return check_arguments
+
+
+class IdempotentTask(Base):
+    """A task whose deliveries under one idempotency key run the body at most once."""
+
+    abstract = True
+    idempotency_key: ClassVar[str | Callable[..., Any] | None] = None
+    idempotency_scope: ClassVar[str | None] = None
+    lock_ttl: ClassVar[int | None] = None
+    record_ttl: ClassVar[int | None] = None
+    on_conflict: ClassVar[str] = "retry"
+    atomic: ClassVar[bool] = False
+    max_attempts: ClassVar[int | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        header = cls.__dict__.get("__header__")
+        if header is not None:
+            cls.__header__ = staticmethod(_accepting_key(header.__func__))  # type: ignore[attr-defined]
+
+    @property
+    def idempotency(self) -> Idempotency:
+        """The key, lease and steps of the delivery that is running now."""
+        try:
+            idempotency: Idempotency = getattr(self.request, "idempotency")  # noqa: B009
+        except AttributeError:
+            raise RuntimeError("self.idempotency is only available while an idempotent task runs.") from None
+        return idempotency
+
+    # Caller side: every way of sending validates the key before anything is sent.
+
+    def resolve_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        """The key of a call: the caller's ``idempotency_key=``, else the task's template or callable."""
+        if kwargs.get(KEY_ARGUMENT) is not None:
+            return keys.validate_key(kwargs[KEY_ARGUMENT])
+        if self.idempotency_key is None:
+            raise keys.missing_key_error(self.name)
+        body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
+        return keys.derive_key(self.idempotency_key, self.name, self.run, args, body_kwargs)
+
+    def _keyed(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+        kwargs = dict(kwargs or {})
+        kwargs[KEY_ARGUMENT] = self.resolve_key(args or (), kwargs)
+        return kwargs
+
+    def apply_async(
+        self, args: Any = None, kwargs: Any = None, task_id: str | None = None, *extra: Any, **options: Any
+    ) -> Any:
+        kwargs = self._keyed(args, kwargs)
+        pending = getattr(self.request, "idempotency_sends", None)
+        if pending is not None and task_id is not None and task_id == self.request.id:
+            # self.retry() sends while we still hold the lock: send after the release instead.
+            pending.append(functools.partial(super().apply_async, args, kwargs, task_id, *extra, **options))
+            return self.AsyncResult(task_id)
+        return super().apply_async(args, kwargs, task_id, *extra, **options)
+
+    def apply(self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any) -> Any:
+        return super().apply(args, self._keyed(args, kwargs), *extra, **options)
+
+    def apply_async_on_commit(  # type: ignore[override]
+        self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any
+    ) -> None:
+        super().apply_async_on_commit(args, self._keyed(args, kwargs), *extra, **options)
+
+    def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        self.apply_async_on_commit(args, kwargs)
+
+    # Worker side (also apply() and direct calls).
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        key = self.resolve_key(args, kwargs)
+        kwargs = {**kwargs, KEY_ARGUMENT: key}
+        _task_stack.push(self)
+        self.push_request(args=args, kwargs=kwargs, idempotency_sends=[])
+        try:
+            return deliver(
+                self._delivery(key, args, kwargs),
+                functools.partial(self._run_body, args, kwargs),
+                self._requeue,
+            )
+        finally:
+            sends = getattr(self.request, "idempotency_sends", [])
+            self.pop_request()
+            _task_stack.pop()
+            for send in sends:
+                send()
+
+    def _run_body(self, args: Sequence[Any], kwargs: dict[str, Any], idempotency: Idempotency) -> Any:
+        self.request.idempotency = idempotency  # type: ignore[attr-defined]
+        if not self._accepts_key():
+            kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
+        return self.run(*args, **kwargs)
+
+    def _accepts_key(self) -> bool:
+        parameters = inspect.signature(self.run).parameters.values()
+        return any(p.name == KEY_ARGUMENT or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
+
+    def _delivery(self, key: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Delivery:
+        request = self.request
+        return Delivery(
+            sender=self,
+            task_name=self.name,
+            key=key,
+            scope=self.idempotency_scope or self.name,
+            fingerprint=self._fingerprint(args, kwargs),
+            task_id=request.id or "",
+            lock_ttl=self.lock_ttl or conf.LOCK_TTL,
+            record_ttl=self.record_ttl or conf.RECORD_TTL,
+            on_conflict=self._on_conflict(),
+            atomic=bool(self.atomic),
+            max_attempts=self.max_attempts or conf.MAX_ATTEMPTS,
+            max_result_bytes=conf.MAX_RESULT_BYTES,
+            eager=bool(request.is_eager or request.called_directly or request.id is None),
+        )
+
+    def _fingerprint(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
+        body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
+        try:
+            return keys.fingerprint([], keys.bind_arguments(self.run, args, body_kwargs))
+        except TypeError:
+            return keys.fingerprint(args, body_kwargs)
+
+    def _on_conflict(self) -> str:
+        if self.on_conflict not in ON_CONFLICT_CHOICES:
+            raise IdempotencyConfigurationError(
+                f"{self.name}: on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, "
+                f"got {self.on_conflict!r}."
+            )
+        return self.on_conflict
+
+    def _requeue(self) -> NoReturn:
+        """Send this delivery again after a countdown, without counting a retry, and ack this one."""
+        request = self.request
+        self.signature_from_request(request, countdown=conf.CONFLICT_RETRY_DELAY).apply_async()
+        raise Ignore()
+
+    def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
+        # A hard time limit kills the child before it can record anything; the message is acked,
+        # so free the claim here (in the worker's main process) or the key stays IN_PROGRESS.
+        if isinstance(exc, TimeLimitExceeded) and isinstance(kwargs, dict) and KEY_ARGUMENT in kwargs:
+            scope = self.idempotency_scope or self.name
+            store.fail_task(scope, kwargs[KEY_ARGUMENT], task_id, store.describe_error(exc))
+        super().on_failure(exc, task_id, args, kwargs, einfo)
+
+
+@shared_task(name="django_idempotent_tasks.purge_expired_records", ignore_result=True)
+def purge_expired_records(batch_size: int = 1000) -> int:
+    """Delete expired records; schedule it with celery beat."""
+    return store.purge(store.records().expired(), batch_size=batch_size)

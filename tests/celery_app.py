@@ -1,0 +1,15 @@
+"""The Celery app of the test suite; workers start with ``celery -A tests.celery_app worker``."""
+
+from __future__ import annotations
+
+import os
+
+import django
+from celery import Celery
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+django.setup()
+
+app = Celery("tests")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks(["tests.testapp", "django_idempotent_tasks"])

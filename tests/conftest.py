@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings
+from django.db import connection
+
+from tests.helpers import Worker
+
+
+def _flush_redis() -> None:
+    for url in (
+        settings.LOCK_REDIS_URL,
+        settings.CELERY_BROKER_URL,
+        settings.CELERY_RESULT_BACKEND,
+        settings.CONTROL_REDIS_URL,
+    ):
+        redis.Redis.from_url(url).flushdb()
+
+
+@pytest.fixture(autouse=True)
+def clean_redis() -> Iterator[None]:
+    _flush_redis()
+    yield
+
+
+@pytest.fixture
+def lock_redis() -> redis.Redis:
+    return redis.Redis.from_url(settings.LOCK_REDIS_URL)
+
+
+@pytest.fixture(scope="session")
+def worker_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
+    return {"IDEMPOTENT_TESTS_DATABASE_NAME": connection.settings_dict["NAME"]}
+
+
+@pytest.fixture(scope="session")
+def workers(worker_env: dict[str, str]) -> Iterator[list[Worker]]:
+    """Two real prefork workers with two children each, shared by the worker tests."""
+    group = [Worker(f"w{n}", worker_env) for n in (1, 2)]
+    try:
+        for worker in group:
+            worker.start()
+        yield group
+    finally:
+        for worker in group:
+            worker.stop()
+
+
+@pytest.fixture
+def running_workers(workers: list[Worker], worker_env: dict[str, str], transactional_db: Any) -> list[Worker]:
+    """The shared workers, restarted if a test killed one."""
+    for n, worker in enumerate(workers):
+        if worker.process is None or worker.process.poll() is not None:
+            workers[n] = Worker(worker.name, worker_env).start()
+    return workers

@@ -1,0 +1,92 @@
+"""Settings of the test suite: real PostgreSQL and Redis, read from DATABASE_URL and REDIS_URL."""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit
+
+DATABASE_URL = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"))
+REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+# Worker subprocesses run against the database pytest-django created; the suite passes its name.
+TEST_DATABASE_NAME = os.environ.get("IDEMPOTENT_TESTS_DATABASE_NAME")
+
+SECRET_KEY = "tests-only"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_idempotent_tasks",
+    "tests.testapp",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": TEST_DATABASE_NAME or DATABASE_URL.path.lstrip("/") or "test",
+        "USER": DATABASE_URL.username or "postgres",
+        "PASSWORD": DATABASE_URL.password or "",
+        "HOST": DATABASE_URL.hostname or "127.0.0.1",
+        "PORT": str(DATABASE_URL.port or 5432),
+    }
+}
+
+LOCK_REDIS_URL = os.environ.get("IDEMPOTENT_TESTS_LOCK_REDIS_URL", f"{REDIS_URL}/12")
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "locks": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": LOCK_REDIS_URL,
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 2},
+    },
+}
+IDEMPOTENT_TASKS_CACHE = "locks"
+
+CELERY_BROKER_URL = os.environ.get("IDEMPOTENT_TESTS_BROKER_URL", f"{REDIS_URL}/11")
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_RESULT_BACKEND = os.environ.get("IDEMPOTENT_TESTS_RESULT_URL", f"{REDIS_URL}/13")
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_DB_REUSE_MAX = 1000
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_idempotent_tasks": {"handlers": ["console"], "level": "INFO"}},
+}
+CONTROL_REDIS_URL = os.environ.get("IDEMPOTENT_TESTS_CONTROL_URL", f"{REDIS_URL}/14")

@@ -1,0 +1,147 @@
+"""Sample tasks of the test suite. Each execution of a body writes an ``Effect`` row."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import shared_task
+from celery.signals import task_postrun
+
+from django_idempotent_tasks.tasks import IdempotentTask
+from tests.testapp.faults import reached
+from tests.testapp.models import Effect
+
+
+def effect(task: Any, value: Any) -> dict[str, Any]:
+    idem = task.idempotency
+    Effect.objects.create(
+        key=idem.key, task=task.name, pid=os.getpid(), fence=idem.fence, recovered=idem.recovered
+    )
+    reached("after_effect", idem.key)
+    return {"value": value, "fence": idem.fence}
+
+
+@shared_task(base=IdempotentTask, bind=True, ignore_result=True)
+def record_effect(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    result = effect(self, value)
+    time.sleep(sleep)
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True, atomic=True, ignore_result=True)
+def atomic_effect(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    result = effect(self, value)
+    time.sleep(sleep)
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=2, ignore_result=True)
+def short_lease(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    time.sleep(sleep)
+    return effect(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=2, atomic=True, ignore_result=True)
+def short_lease_atomic(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    result = effect(self, value)
+    time.sleep(sleep)
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True, idempotency_key="order-{order_id}")
+def charge_order(self: Any, order_id: int, amount: int = 100) -> dict[str, Any]:
+    return effect(self, amount)
+
+
+@shared_task(base=IdempotentTask, bind=True, idempotency_key=lambda order_id: f"callable-{order_id}")
+def charge_order_callable(self: Any, order_id: int) -> dict[str, Any]:
+    return effect(self, order_id)
+
+
+@shared_task(base=IdempotentTask, bind=True, idempotency_scope="shared")
+def shared_scope_a(self: Any, value: Any) -> dict[str, Any]:
+    return effect(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True, idempotency_scope="shared")
+def shared_scope_b(self: Any, value: Any) -> dict[str, Any]:
+    return effect(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True, max_attempts=3)
+def failing(self: Any, fail_times: int) -> dict[str, Any]:
+    result = effect(self, fail_times)
+    if self.idempotency.attempt <= fail_times:
+        raise RuntimeError(f"attempt {self.idempotency.attempt} fails")
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True, max_retries=5, max_attempts=10, ignore_result=True)
+def retrying(self: Any, fail_times: int) -> dict[str, Any]:
+    result = effect(self, fail_times)
+    if self.idempotency.attempt <= fail_times:
+        raise self.retry(countdown=0, exc=RuntimeError("try again"))
+    return result
+
+
+@shared_task(
+    base=IdempotentTask,
+    bind=True,
+    autoretry_for=(ConnectionError,),
+    max_retries=5,
+    default_retry_delay=0,
+    ignore_result=True,
+)
+def autoretrying(self: Any, fail_times: int) -> dict[str, Any]:
+    result = effect(self, fail_times)
+    if self.idempotency.attempt <= fail_times:
+        raise ConnectionError("confirmation timed out")
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True, max_attempts=2, lock_ttl=1, ignore_result=True)
+def poison(self: Any) -> None:
+    effect(self, None)
+    os._exit(1)
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def unstorable(self: Any, kind: str) -> Any:
+    effect(self, kind)
+    return object() if kind == "object" else "x" * 100_000
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def takes_key(self: Any, value: int, idempotency_key: str) -> str:
+    effect(self, value)
+    return idempotency_key
+
+
+@shared_task(base=IdempotentTask, bind=True, on_conflict="raise", ignore_result=True)
+def raising_conflict(self: Any, sleep: float) -> dict[str, Any]:
+    result = effect(self, sleep)
+    time.sleep(sleep)
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True, on_conflict="wait")
+def waiting_conflict(self: Any, sleep: float) -> dict[str, Any]:
+    result = effect(self, sleep)
+    time.sleep(sleep)
+    return result
+
+
+@task_postrun.connect
+def kill_after_completion(sender: Any = None, kwargs: Any = None, **extra: Any) -> None:
+    """W2: die after the record is SUCCEEDED, before the ack."""
+    if kwargs and "idempotency_key" in kwargs:
+        reached("postrun", kwargs["idempotency_key"])
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def concurrent_effect(self: Any, value: Any, sleep: float = 0.5) -> dict[str, Any]:
+    result = effect(self, value)
+    time.sleep(sleep)
+    return result
