@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery import shared_task
@@ -24,6 +26,31 @@ else:
     Base = DjangoTask
 
 ON_CONFLICT_CHOICES = ("retry", "wait", "raise")
+_running = threading.local()
+
+
+@dataclass
+class _Running:
+    """What this thread knows of a delivery in progress (kept off ``self.request``, which Celery
+    copies into the messages it sends)."""
+
+    task: Any
+    task_id: str | None
+    idempotency: Idempotency | None = None
+    sends: list[Callable[[], Any]] = field(default_factory=list)
+
+
+def _stack() -> list[_Running]:
+    if not hasattr(_running, "stack"):
+        _running.stack = []
+    stack: list[_Running] = _running.stack
+    return stack
+
+
+def _current(task: Any) -> _Running | None:
+    return next((entry for entry in reversed(_stack()) if entry.task is task), None)
+
+
 KEY_ARGUMENT = "idempotency_key"
 
 
@@ -59,11 +86,10 @@ class IdempotentTask(Base):
     @property
     def idempotency(self) -> Idempotency:
         """The key, lease and steps of the delivery that is running now."""
-        try:
-            idempotency: Idempotency = getattr(self.request, "idempotency")  # noqa: B009
-        except AttributeError:
-            raise RuntimeError("self.idempotency is only available while an idempotent task runs.") from None
-        return idempotency
+        running = _current(self)
+        if running is None or running.idempotency is None:
+            raise RuntimeError("self.idempotency is only available while an idempotent task runs.")
+        return running.idempotency
 
     # Caller side: every way of sending validates the key before anything is sent.
 
@@ -85,10 +111,12 @@ class IdempotentTask(Base):
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, *extra: Any, **options: Any
     ) -> Any:
         kwargs = self._keyed(args, kwargs)
-        pending = getattr(self.request, "idempotency_sends", None)
-        if pending is not None and task_id is not None and task_id == self.request.id:
+        running = _current(self)
+        if running is not None and task_id is not None and task_id == running.task_id:
             # self.retry() sends while we still hold the lock: send after the release instead.
-            pending.append(functools.partial(super().apply_async, args, kwargs, task_id, *extra, **options))
+            running.sends.append(
+                functools.partial(super().apply_async, args, kwargs, task_id, *extra, **options)
+            )
             return self.AsyncResult(task_id)
         return super().apply_async(args, kwargs, task_id, *extra, **options)
 
@@ -109,22 +137,23 @@ class IdempotentTask(Base):
         key = self.resolve_key(args, kwargs)
         kwargs = {**kwargs, KEY_ARGUMENT: key}
         _task_stack.push(self)
-        self.push_request(args=args, kwargs=kwargs, idempotency_sends=[])
+        self.push_request(args=args, kwargs=kwargs)
+        running = _Running(self, self.request.id)
+        _stack().append(running)
         try:
-            return deliver(
-                self._delivery(key, args, kwargs),
-                functools.partial(self._run_body, args, kwargs),
-                self._requeue,
-            )
+            body = functools.partial(self._run_body, running, args, kwargs)
+            return deliver(self._delivery(key, args, kwargs), body, self._requeue)
         finally:
-            sends = getattr(self.request, "idempotency_sends", [])
+            _stack().pop()
             self.pop_request()
             _task_stack.pop()
-            for send in sends:
+            for send in running.sends:
                 send()
 
-    def _run_body(self, args: Sequence[Any], kwargs: dict[str, Any], idempotency: Idempotency) -> Any:
-        self.request.idempotency = idempotency  # type: ignore[attr-defined]
+    def _run_body(
+        self, running: _Running, args: Sequence[Any], kwargs: dict[str, Any], idempotency: Idempotency
+    ) -> Any:
+        running.idempotency = idempotency
         if not self._accepts_key():
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         return self.run(*args, **kwargs)

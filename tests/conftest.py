@@ -8,6 +8,7 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from tests.celery_app import app as celery_app  # noqa: F401  (binds shared tasks to the test app)
 from tests.helpers import Worker
 
 

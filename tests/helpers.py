@@ -98,17 +98,18 @@ class Worker:
         return [int(pid) for pid in out.split()]
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.pid, signal.SIGKILL)
-            self.process.wait(timeout=15)
+        """Warm shutdown; SIGKILL the process group if it takes longer than 15 s."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.log_file.close()
 
     def kill(self) -> None:
         """SIGKILL the main process and its children."""
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.pid, signal.SIGKILL)
             self.process.wait(timeout=15)
+        self.log_file.close()
