@@ -37,6 +37,11 @@ DEAD_REDIS = {
 }
 
 
+def error_of(record: IdempotencyRecord) -> dict[str, Any]:
+    assert record.error is not None
+    return dict(record.error)
+
+
 def run(task: Any, *args: Any, key: str, **kwargs: Any) -> Any:
     return task.apply(args, {**kwargs, "idempotency_key": key}).get()
 
@@ -120,12 +125,12 @@ def test_failure_is_recorded_and_the_next_delivery_runs_again(received: list[Any
     with pytest.raises(RuntimeError, match="attempt 1 fails"):
         run(tasks.failing, 1, key="fail-once")
     record = IdempotencyRecord.objects.get()
-    assert (record.status, record.error["type"], record.error["message"]) == (
+    assert (record.status, error_of(record)["type"], error_of(record)["message"]) == (
         "FAILED",
         "RuntimeError",
         "attempt 1 fails",
     )
-    assert "Traceback" in record.error["traceback"]
+    assert "Traceback" in error_of(record)["traceback"]
     assert run(tasks.failing, 1, key="fail-once") == {"value": 1, "fence": 2}
     record.refresh_from_db()
     assert (record.status, record.attempts, record.fence) == ("SUCCEEDED", 2, 2)
@@ -142,7 +147,7 @@ def test_attempts_exhausted_fails_the_key_for_good(received: list[Any]) -> None:
         run(tasks.failing, 10, key="poison")
     assert Effect.objects.count() == 3
     record = IdempotencyRecord.objects.get()
-    assert (record.status, record.error["type"]) == ("FAILED", "AttemptsExhausted")
+    assert (record.status, error_of(record)["type"]) == ("FAILED", "AttemptsExhausted")
     assert [kw["attempts"] for name, kw in received if name == "attempts_exhausted"] == [3, 3]
 
 
@@ -156,8 +161,8 @@ def test_unstorable_results_still_mark_the_key_done(kind: str, reason: str, capl
     assert run(tasks.unstorable, kind, key=f"u-{kind}") is None
     assert Effect.objects.count() == 1
     record = IdempotencyRecord.objects.get()
-    assert (record.status, record.error["type"]) == ("SUCCEEDED", "UnstorableResult")
-    assert reason in record.error["message"]
+    assert (record.status, error_of(record)["type"]) == ("SUCCEEDED", "UnstorableResult")
+    assert reason in error_of(record)["message"]
     assert reason in caplog.text
 
 
