@@ -40,8 +40,9 @@ def atomic_effect(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
 
 @shared_task(base=IdempotentTask, bind=True, lock_ttl=2, ignore_result=True)
 def short_lease(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    result = effect(self, value)
     time.sleep(sleep)
-    return effect(self, value)
+    return result
 
 
 @shared_task(base=IdempotentTask, bind=True, lock_ttl=2, atomic=True, ignore_result=True)
