@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis
+from django.conf import settings
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
@@ -152,18 +153,12 @@ def test_a_poison_task_fails_for_good_after_max_attempts(running_workers: list[W
     done = finished("poison", status="FAILED")
     assert done.error is not None and done.error["type"] == "AttemptsExhausted"
     assert Effect.objects.filter(key="poison").count() == 2
-    broker = redis.Redis.from_url(os.environ.get("IDEMPOTENT_TESTS_BROKER_URL", "") or _broker_url())
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     wait_for(
         lambda: broker.llen("celery") == 0 and broker.hlen("unacked") == 0,
         timeout=60,
         what="the poison message to leave the broker",
     )
-
-
-def _broker_url() -> str:
-    from django.conf import settings
-
-    return str(settings.CELERY_BROKER_URL)
 
 
 def test_lock_names_in_redis_are_hashed(running_workers: list[Worker], lock_redis: redis.Redis) -> None:
@@ -172,3 +167,11 @@ def test_lock_names_in_redis_are_hashed(running_workers: list[Worker], lock_redi
     names = [name.decode() for name in lock_redis.keys("*")]
     assert names == [keys.lock_name(tasks.short_lease.name, "customer@example.com")]
     finished("customer@example.com")
+
+
+def test_a_hard_time_limit_frees_the_key_for_the_next_delivery(running_workers: list[Worker]) -> None:
+    tasks.too_slow.delay(idempotency_key="w8")
+    done = finished("w8", status="FAILED")
+    assert done.error is not None and done.error["type"] == "TimeLimitExceeded"
+    assert not done.lease_is_live
+    assert Effect.objects.filter(key="w8").count() == 1

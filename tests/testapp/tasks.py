@@ -191,3 +191,9 @@ def slow_step(self: Any, sleep: float) -> Any:
         return result
 
     return self.idempotency.step("slow", charge)
+
+
+@shared_task(base=IdempotentTask, bind=True, time_limit=2, ignore_result=True)
+def too_slow(self: Any) -> None:
+    effect(self, None)
+    time.sleep(30)
