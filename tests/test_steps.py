@@ -8,9 +8,11 @@ import time
 from typing import Any
 
 import pytest
+from celery import shared_task
 
 from django_idempotent_tasks.exceptions import LeaseLost
 from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.tasks import IdempotentTask
 from tests.helpers import Worker, wait_for
 from tests.test_workers import body_pid, finished, logged
 from tests.testapp import tasks
@@ -48,7 +50,7 @@ class TestInProcess:
         assert list(Effect.objects.values_list("fence", flat=True)) == [1, 3]
 
     def test_a_step_result_that_cannot_be_stored_is_an_error_before_the_next_step(self) -> None:
-        @tasks.shared_task(base=tasks.IdempotentTask, bind=True, name="tests.unstorable_step")
+        @shared_task(base=IdempotentTask, bind=True, name="tests.unstorable_step")
         def unstorable_step(self: Any) -> None:
             self.idempotency.step("bad", lambda: object())
             effect_after.append(True)
@@ -60,7 +62,7 @@ class TestInProcess:
         assert IdempotencyRecord.objects.get().steps == {}
 
     def test_a_context_step_must_set_its_result_and_rolls_back_its_writes_on_error(self) -> None:
-        @tasks.shared_task(base=tasks.IdempotentTask, bind=True, name="tests.forgetful_step")
+        @shared_task(base=IdempotentTask, bind=True, name="tests.forgetful_step")
         def forgetful_step(self: Any, fail: bool) -> None:
             with self.idempotency.step("write"):
                 Effect.objects.create(key="inside", task="step", pid=os.getpid())
@@ -74,7 +76,7 @@ class TestInProcess:
         assert not Effect.objects.exists()
 
     def test_a_stale_holder_cannot_checkpoint(self) -> None:
-        @tasks.shared_task(base=tasks.IdempotentTask, bind=True, name="tests.stale_step", on_conflict="raise")
+        @shared_task(base=IdempotentTask, bind=True, name="tests.stale_step", on_conflict="raise")
         def stale_step(self: Any) -> None:
             IdempotencyRecord.objects.filter(key=self.idempotency.key).update(fence=99)
             self.idempotency.step("late", lambda: 1)

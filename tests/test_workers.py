@@ -25,11 +25,12 @@ def record(key: str) -> IdempotencyRecord | None:
 
 
 def finished(key: str, status: str = "SUCCEEDED") -> IdempotencyRecord:
-    return wait_for(
+    done: IdempotencyRecord = wait_for(
         lambda: IdempotencyRecord.objects.filter(key=key, status=status).first(),
         timeout=90,
         what=f"{key} to be {status}",
     )
+    return done
 
 
 def logged(workers: list[Worker], text: str) -> bool:
@@ -164,7 +165,7 @@ def test_a_poison_task_fails_for_good_after_max_attempts(running_workers: list[W
 def test_lock_names_in_redis_are_hashed(running_workers: list[Worker], lock_redis: redis.Redis) -> None:
     tasks.short_lease.delay(1, 3, idempotency_key="customer@example.com")
     body_pid("customer@example.com")
-    names = [name.decode() for name in lock_redis.keys("*")]
+    names = [bytes(name).decode() for name in lock_redis.keys("*")]
     assert names == [keys.lock_name(tasks.short_lease.name, "customer@example.com")]
     finished("customer@example.com")
 
