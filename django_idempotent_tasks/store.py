@@ -40,7 +40,9 @@ def records() -> Any:
 
 def lookup(scope: str, key: str) -> IdempotencyRecord | None:
     """The record of a scoped key (one indexed SELECT), or None."""
-    return records().filter(scope=scope, key=key).first()  # type: ignore[no-any-return]
+    # No ORDER BY (``first()`` would add one on the pk): the unique (scope, key) index answers.
+    found = list(records().filter(scope=scope, key=key)[:1])
+    return found[0] if found else None
 
 
 def _savepoint() -> AbstractContextManager[Any]:
