@@ -98,7 +98,8 @@ def check_lock_eviction(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     except RedisError as exc:
         return [
             checks.Warning(
-                f"Could not read the maxmemory-policy of the lock Redis (cache {alias!r}): {exc}. "
+                f"Could not read the maxmemory-policy of the lock Redis (cache {alias!r}): "
+                f"{str(exc).rstrip('.') or type(exc).__name__}. "
                 "This deploy check needs a live Redis.",
                 hint="Run check --deploy where the lock Redis answers, and make sure its maxmemory-policy "
                 "is noeviction.",

@@ -74,7 +74,7 @@ def lock_state(scope: str, key: str) -> LockState:
         token = lock_holder(client, name)
         ttl = client.pttl(name) if token is not None else None
     except RedisError as exc:
-        return LockState(None, error=str(exc) or type(exc).__name__)
+        return LockState(None, error=str(exc).rstrip(".") or type(exc).__name__)
     return LockState(token, ttl)
 
 

@@ -81,7 +81,7 @@ class Command(BaseCommand):
             f"  Lease: {inspect.lease(record)}",
             f"  Result: {inspect.short_json(record.result)}",
             f"  Error: {self._error(record)}",
-            f"  Steps: {', '.join(record.steps) if record.steps else '-'}",
+            f"  Steps: {', '.join(sorted(record.steps)) if record.steps else '-'}",
             f"Redis lock: {inspect.lock_state(record.scope, record.key).describe()}",
         ]
 

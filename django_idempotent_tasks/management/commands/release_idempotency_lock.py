@@ -82,7 +82,9 @@ class Command(BaseCommand):
         try:
             released = inspect.release_lock(scope, key, state.token)
         except RedisError as exc:
-            raise CommandError(f"Could not release the Redis lock of {name}: {exc}.") from exc
+            raise CommandError(
+                f"Could not release the Redis lock of {name}: {str(exc).rstrip('.')}."
+            ) from exc
         if not released:
             return f"The Redis lock of {name} changed hands while being released: left as it is."
         return f"Released the Redis lock of {name}, held by {state.describe_holder()}."
