@@ -290,3 +290,63 @@ def test_checks_never_create_a_celery_app() -> None:
 
 def _service_env() -> dict[str, str]:
     return {name: os.environ[name] for name in ("DATABASE_URL", "REDIS_URL") if name in os.environ}
+
+
+@pytest.mark.parametrize(
+    ("url", "database"),
+    [
+        ("redis://localhost/3", ("127.0.0.1:6379", 3)),
+        ("rediss://:secret@cache.internal:6380/0", ("cache.internal:6380", 0)),
+        ("redis://127.0.0.1:6379?db=5", ("127.0.0.1:6379", 5)),
+        ("unix:///run/redis.sock?db=2", ("/run/redis.sock", 2)),
+        ("redis+socket:///run/redis.sock?virtual_host=4", ("/run/redis.sock", 4)),
+        ("redis://localhost/x", None),
+        ("amqp://guest@localhost//", None),
+    ],
+)
+def test_redis_urls_compared_by_server_and_database(url: str, database: tuple[str, int] | None) -> None:
+    assert celery_checks._redis_database(url) == database
+
+
+def test_w006_with_a_failover_list_of_brokers(make_app: MakeApp) -> None:
+    port = settings.LOCK_REDIS_URL.rsplit(":", 1)[1].split("/")[0]
+    make_app(broker_url=[f"redis://127.0.0.1:{port}/12", "redis://standby:6379/12"])
+    assert [message.id for message in celery_messages()] == [f"{ID}.W006"]
+    make_app(broker_url=f"redis://127.0.0.1:{port}/11;redis://127.0.0.1:{port}/12")
+    assert celery_messages() == []
+
+
+FIND_APP = """
+import django; django.setup()
+from celery import Celery, _state
+from django.core.checks import run_checks
+import tests.testapp.tasks
+# fixups=[]: Celery's Django fixup would make the first app the default one.
+other = Celery("other", set_as_current=False, fixups=[])
+other.conf.accept_content = ["pickle"]
+if {bound}:
+    bound = Celery("bound", set_as_current=False, fixups=[])
+    bound.conf.accept_content = ["json", "pickle"]
+    bound.finalize()
+messages = run_checks(tags=["django_idempotent_tasks"])
+print([m.msg.split(" accepts")[0] for m in messages if m.id.endswith("E003")])
+print(_state.default_app)
+"""
+
+
+@pytest.mark.parametrize(
+    ("bound", "found"),
+    [(False, "The Celery app 'other'"), (True, "The Celery app 'bound'")],
+)
+def test_without_a_current_app_the_checks_find_the_one_holding_idempotent_tasks(
+    bound: bool, found: str
+) -> None:
+    output = subprocess.run(
+        [sys.executable, "-c", FIND_APP.format(bound=bound)],
+        cwd=ROOT,
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (output.returncode, output.stdout) == (0, f"[{found!r}]\nNone\n"), output.stderr

@@ -240,3 +240,17 @@ def test_release_reports_the_lease_before_a_redis_failure() -> None:
     assert out.getvalue().startswith(f"Released the expired lease of {LABEL} (fence 1, worker host:1)")
     assert str(raised.value) == f"Could not read the Redis lock of {LABEL}: {REFUSED}."
     assert IdempotencyRecord.objects.get().status == "FAILED"
+
+
+def test_release_refuses_when_the_record_moved_on_meanwhile() -> None:
+    from django_idempotent_tasks.management.commands.release_idempotency_lock import Command
+
+    seen = records.stuck("order-1")
+    IdempotencyRecord.objects.filter(pk=seen.pk).update(fence=2)  # another delivery claimed it and died
+    with pytest.raises(CommandError) as raised:
+        Command()._release_lease(LABEL, seen, force=False)
+    assert str(raised.value) == (
+        f"The record of {LABEL} changed while its lease was being released (another delivery moved it on): "
+        "nothing was released. Run the command again."
+    )
+    assert IdempotencyRecord.objects.get().status == "IN_PROGRESS"
