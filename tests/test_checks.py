@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from io import StringIO
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ import redis
 from celery import Celery, _state
 from django.conf import settings
 from django.core import checks
+from django.core.management import call_command
 from django.test import override_settings
 
 from django_idempotent_tasks import celery_checks
@@ -253,6 +255,14 @@ def test_w007_lock_redis_can_evict_only_under_deploy(evicting_redis: None) -> No
     )
     assert checks.run_checks(tags=[TAG]) == []
     assert checks.run_checks(tags=[TAG], include_deployment_checks=True) == [expected]
+    out, err = StringIO(), StringIO()
+    call_command("check", "--deploy", "--tag", TAG, stdout=out, stderr=err)
+    assert (out.getvalue(), err.getvalue()) == (
+        "",
+        "System check identified some issues:\n\nWARNINGS:\n"
+        f"?: ({ID}.W007) {expected.msg}\n\tHINT: {expected.hint}\n\n"
+        "System check identified 1 issue (0 silenced).\n",
+    )
 
 
 def test_w007_redis_error_is_a_warning() -> None:
