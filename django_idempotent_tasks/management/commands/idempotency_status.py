@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db.models import Count, Min
 
 from django_idempotent_tasks import store
-from django_idempotent_tasks.management import inspect, options
+from django_idempotent_tasks.management import key_state, options
 from django_idempotent_tasks.models import IdempotencyRecord
 
 STATUSES = IdempotencyRecord.Status.values
@@ -54,35 +54,35 @@ class Command(BaseCommand):
         stuck = store.records().stuck().count()
         lines.append(f"Stuck leases (IN_PROGRESS, lease expired): {stuck:,}")
         expired = store.records().expired().aggregate(n=Count("pk"), oldest=Min("expires_at"))
-        oldest = f", the oldest expired at {inspect.when(expired['oldest'])}" if expired["n"] else ""
+        oldest = f", the oldest expired at {key_state.when(expired['oldest'])}" if expired["n"] else ""
         lines.append(f"Expired records (purgeable): {expired['n']:,}{oldest}")
         return lines
 
     def _key(self, key: str, scope: str | None) -> list[str]:
-        record = inspect.find_record(key, scope)
+        record = key_state.find_record(key, scope)
         if record is None:
             if scope is None:
                 return [f"No record with key {key!r} in any scope. Pass --scope to see its Redis lock."]
             return [
-                f"No record for {inspect.label(scope, key)}.",
-                f"Redis lock: {inspect.lock_state(scope, key).describe()}",
+                f"No record for {key_state.label(scope, key)}.",
+                f"Redis lock: {key_state.lock_state(scope, key).describe()}",
             ]
         return [
-            f"Record of {inspect.label(record.scope, record.key)}",
+            f"Record of {key_state.label(record.scope, record.key)}",
             f"  Task: {record.task_name}",
             f"  Status: {record.status}",
             f"  Attempts: {record.attempts}, fence: {record.fence}",
             f"  Task id: {record.task_id or '-'}",
             f"  Worker: {record.worker or '-'}",
-            f"  Created at: {inspect.when(record.created_at)}",
-            f"  Started at: {inspect.when(record.started_at)}",
-            f"  Completed at: {inspect.when(record.completed_at)}",
-            f"  Expires at: {inspect.when(record.expires_at)}",
-            f"  Lease: {inspect.lease(record)}",
-            f"  Result: {inspect.short_json(record.result)}",
+            f"  Created at: {key_state.when(record.created_at)}",
+            f"  Started at: {key_state.when(record.started_at)}",
+            f"  Completed at: {key_state.when(record.completed_at)}",
+            f"  Expires at: {key_state.when(record.expires_at)}",
+            f"  Lease: {key_state.lease(record)}",
+            f"  Result: {key_state.short_json(record.result)}",
             f"  Error: {self._error(record)}",
             f"  Steps: {', '.join(sorted(record.steps)) if record.steps else '-'}",
-            f"Redis lock: {inspect.lock_state(record.scope, record.key).describe()}",
+            f"Redis lock: {key_state.lock_state(record.scope, record.key).describe()}",
         ]
 
     def _error(self, record: IdempotencyRecord) -> str:

@@ -9,7 +9,7 @@ from redis.exceptions import RedisError
 
 from django_idempotent_tasks import store
 from django_idempotent_tasks.locks import worker_identity
-from django_idempotent_tasks.management import inspect, options
+from django_idempotent_tasks.management import key_state, options
 from django_idempotent_tasks.models import IdempotencyRecord
 
 
@@ -32,17 +32,17 @@ class Command(BaseCommand):
         )
 
     def handle(self, *, key: str, scope: str | None, force: bool, verbosity: int, **extra: Any) -> None:
-        record = inspect.find_record(key, scope)
+        record = key_state.find_record(key, scope)
         if record is not None:
             scope = record.scope
         elif scope is None:
             raise CommandError(
                 f"No record with key {key!r} in any scope. Pass --scope to release its Redis lock."
             )
-        name = inspect.label(scope, key)
+        name = key_state.label(scope, key)
         if record is not None and record.lease_is_live and not force:
             raise CommandError(
-                f"The lease of {name} is live until {inspect.when(record.lease_expires_at)} (held by "
+                f"The lease of {name} is live until {key_state.when(record.lease_expires_at)} (held by "
                 f"{record.worker}, fence {record.fence}): refusing to release it. Wait for it to expire, "
                 "or pass --force if that worker is gone. Nothing was changed."
             )
@@ -74,13 +74,13 @@ class Command(BaseCommand):
         )
 
     def _release_lock(self, scope: str, key: str, name: str) -> str:
-        state = inspect.lock_state(scope, key)
+        state = key_state.lock_state(scope, key)
         if state.error is not None:
             raise CommandError(f"Could not read the Redis lock of {name}: {state.error}.")
         if state.token is None:
             return f"The Redis lock of {name} was not held."
         try:
-            released = inspect.release_lock(scope, key, state.token)
+            released = key_state.release_lock(scope, key, state.token)
         except RedisError as exc:
             raise CommandError(
                 f"Could not release the Redis lock of {name}: {str(exc).rstrip('.')}."
