@@ -49,6 +49,7 @@ class LockState:
     error: str | None = None
 
     def describe(self) -> str:
+        """The state in words: who holds the lock and for how long, or why it is unknown."""
         if self.error is not None:
             return f"unknown: Redis did not answer ({self.error})"
         if self.token is None:
