@@ -36,3 +36,8 @@ demo: venv
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	$(BIN)/python example_project/manage.py migrate --verbosity 0
 	$(BIN)/python example_project/manage.py demo
+
+# Not part of `make test`: purges 1,000,000 expired rows in its own database while another
+# process claims new keys, and prints rows/s and insert latencies. Takes a few minutes.
+purge-timing: venv
+	$(BIN)/python scripts/purge_timing.py
