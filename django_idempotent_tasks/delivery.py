@@ -99,7 +99,11 @@ def attempt(delivery: Delivery, body: Body) -> Any:
     try:
         claim = (
             store.take_over(
-                record, task_id=delivery.task_id, worker=worker_identity(), lease_seconds=delivery.lock_ttl
+                record,
+                task_id=delivery.task_id,
+                worker=worker_identity(),
+                lease_seconds=delivery.lock_ttl,
+                record_ttl=delivery.record_ttl,
             )
             if record is not None
             else store.insert(

@@ -87,7 +87,9 @@ def insert(
     return Claim(record=record, fence=1, attempt=1, recovered=False)
 
 
-def take_over(record: IdempotencyRecord, *, task_id: str, worker: str, lease_seconds: int) -> Claim | None:
+def take_over(
+    record: IdempotencyRecord, *, task_id: str, worker: str, lease_seconds: int, record_ttl: int
+) -> Claim | None:
     """Claim a FAILED record or one whose lease expired; None if someone else moved it first."""
     now = timezone.now()
     claimable = Q(status=Status.FAILED) | Q(status=Status.IN_PROGRESS, lease_expires_at__lt=now)
@@ -101,6 +103,7 @@ def take_over(record: IdempotencyRecord, *, task_id: str, worker: str, lease_sec
         "started_at": now,
         "completed_at": None,
         "lease_expires_at": now + timedelta(seconds=lease_seconds),
+        "expires_at": now + timedelta(seconds=record_ttl),
     }
     if not records().filter(claimable, pk=record.pk, fence=record.fence).update(**changes):
         return None

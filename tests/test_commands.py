@@ -145,7 +145,9 @@ def test_purge_spares_a_record_taken_over_while_it_waited() -> None:
     def take_over() -> None:
         try:
             with transaction.atomic():
-                claim = store.take_over(taken, task_id="t2", worker="host:2", lease_seconds=600)
+                claim = store.take_over(
+                    taken, task_id="t2", worker="host:2", lease_seconds=600, record_ttl=3600
+                )
                 assert claim is not None
                 locked.set()
                 release.wait(60)
