@@ -1,0 +1,280 @@
+"""The read-only admin of idempotency records: find a key, see why it is stuck, release or purge it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.views.main import ChangeList
+from django.core.exceptions import PermissionDenied
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import formats, timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+
+from django_idempotent_tasks import keys, locks, store
+from django_idempotent_tasks.admin_changelist import (
+    EstimatedCountPaginator,
+    ExpiredFilter,
+    ScopeFilter,
+    StuckFilter,
+    search_condition,
+)
+from django_idempotent_tasks.models import IdempotencyRecord
+
+if TYPE_CHECKING:
+    _ModelAdmin = admin.ModelAdmin[IdempotencyRecord]
+else:
+    _ModelAdmin = admin.ModelAdmin
+
+logger = logging.getLogger("django_idempotent_tasks")
+Status = IdempotencyRecord.Status
+PURGE_BATCH_SIZE = 1000
+KEY_DISPLAY_LENGTH = 40
+_GENERAL = ("scope", "key", "task_name", "status_badge", "attempts", "fence", "fingerprint")
+_LEASE = ("lease_holder", "redis_lock")
+_OUTCOME = ("result_json", "error_details", "checkpoints")
+_DATES = ("created_at", "started_at", "completed_at", "expires_at")
+_BADGE_COLOURS = {"succeeded": "#2e7d32", "failed": "#c62828", "in_progress": "#1565c0", "stuck": "#ef6c00"}
+
+
+def lock_state(record: IdempotencyRecord) -> str:
+    """Who holds the record's Redis lock now, said in words; "unknown" if Redis does not answer."""
+    try:
+        token = locks.lock_holder(locks.lock_client(), keys.lock_name(record.scope, record.key))
+    except Exception:  # noqa: BLE001  (the page must render whatever the lock cache does)
+        logger.warning("Could not read the lock of %s from Redis.", keys.loggable(record.key), exc_info=True)
+        return gettext("unknown (Redis did not answer)")
+    if token is None:
+        return gettext("not held")
+    # A token is "<host>:<pid>:<random>": the random part says nothing to a reader.
+    return gettext("held by %(holder)s") % {"holder": token.rsplit(":", 1)[0]}
+
+
+def _pre_json(value: Any) -> SafeString:
+    text = json.dumps(value, cls=DjangoJSONEncoder, indent=2, sort_keys=True, ensure_ascii=False)
+    return format_html("<pre>{}</pre>", text)
+
+
+def _when(moment: datetime | None) -> str:
+    return formats.localize(timezone.localtime(moment)) if moment else "-"
+
+
+class RecordChangeList(ChangeList):
+    """Leaves the large JSON columns out of the changelist's SELECT."""
+
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
+        return super().get_queryset(request, exclude_parameters).defer("result", "error", "steps")
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(_ModelAdmin):
+    """Read-only: records are written by deliveries only; operators release or delete them."""
+
+    list_display = (
+        "short_key",
+        "task",
+        "status_badge",
+        "attempts",
+        "fence",
+        "created_at",
+        "completed_at",
+        "expires_at",
+    )
+    list_filter = ("status", ScopeFilter, StuckFilter, ExpiredFilter)
+    date_hierarchy = "created_at"
+    search_fields = ("key", "task_id", "task_name")
+    search_help_text = _(
+        "An exact key, scope:key, task id or task name (case-sensitive); end with * to match a prefix."
+    )
+    ordering = ("-pk",)
+    list_per_page = 50
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    actions = ("delete_selected", "purge_selected_expired", "release_stuck_leases")
+    fieldsets = (
+        (None, {"fields": _GENERAL}),
+        (_("Lease"), {"fields": _LEASE}),
+        (_("Outcome"), {"fields": _OUTCOME}),
+        (_("Dates"), {"fields": _DATES}),
+    )
+    readonly_fields = _GENERAL + _LEASE + _OUTCOME + _DATES
+
+    # Records are written only by deliveries, through store.py.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: IdempotencyRecord | None = None) -> bool:
+        return False
+
+    def has_release_lease_permission(self, request: HttpRequest) -> bool:
+        """The custom permission that guards "Release stuck lease"."""
+        return request.user.has_perm(f"{self.opts.app_label}.release_lease")
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RecordChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord], search_term: str
+    ) -> tuple[QuerySet[IdempotencyRecord], bool]:
+        if not search_term.strip().rstrip("*"):
+            return queryset, False
+        return queryset.filter(search_condition(search_term)), False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {"has_delete_permission": self.has_delete_permission(request), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+    def get_urls(self) -> list[URLPattern]:
+        purge = path(
+            "purge-expired/",
+            self.admin_site.admin_view(self.purge_expired_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_purge",
+        )
+        return [purge, *super().get_urls()]
+
+    # Changelist columns and detail fields.
+    @admin.display(description=_("key"), ordering="key")
+    def short_key(self, obj: IdempotencyRecord) -> SafeString:
+        shown = obj.key if len(obj.key) <= KEY_DISPLAY_LENGTH else f"{obj.key[: KEY_DISPLAY_LENGTH - 1]}…"
+        return format_html('<span title="{}">{}</span>', obj.key, shown)
+
+    @admin.display(description=_("task / scope"), ordering="scope")
+    def task(self, obj: IdempotencyRecord) -> str:
+        return obj.task_name if obj.scope == obj.task_name else f"{obj.task_name} ({obj.scope})"
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_badge(self, obj: IdempotencyRecord) -> SafeString:
+        kind, label = obj.status.lower(), obj.get_status_display()
+        if obj.is_stuck:
+            kind, label = "stuck", gettext("Stuck")
+        return format_html(
+            '<span class="idempotency-status idempotency-status-{}" style="background:{};color:#fff;'
+            'padding:1px 8px;border-radius:8px;white-space:nowrap">{}</span>',
+            kind,
+            _BADGE_COLOURS[kind],
+            label,
+        )
+
+    @admin.display(description=_("lease holder"))
+    def lease_holder(self, obj: IdempotencyRecord) -> SafeString:
+        if obj.status != Status.IN_PROGRESS:
+            state = gettext("none: the record is %(status)s") % {"status": obj.get_status_display()}
+        elif obj.lease_is_live:
+            state = gettext("live")
+        else:
+            state = gettext("expired: the holder died or stalled")
+        rows = [
+            (gettext("worker"), obj.worker or "-"),
+            (gettext("task id"), obj.task_id or "-"),
+            (gettext("lease expires at"), _when(obj.lease_expires_at)),
+            (gettext("lease"), state),
+        ]
+        return format_html(
+            '<table class="idempotency-lease">{}</table>',
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description=_("Redis lock now"))
+    def redis_lock(self, obj: IdempotencyRecord) -> str:
+        return lock_state(obj)
+
+    @admin.display(description=_("result"))
+    def result_json(self, obj: IdempotencyRecord) -> SafeString | str:
+        return _pre_json(obj.result) if obj.status == Status.SUCCEEDED else "-"
+
+    @admin.display(description=_("error"))
+    def error_details(self, obj: IdempotencyRecord) -> SafeString | str:
+        if not obj.error:
+            return "-"
+        error = obj.error if isinstance(obj.error, dict) else {"message": obj.error}
+        return format_html(
+            "<strong>{}</strong>: {}<pre>{}</pre>",
+            error.get("type", ""),
+            error.get("message", ""),
+            error.get("traceback", ""),
+        )
+
+    @admin.display(description=_("checkpoints"))
+    def checkpoints(self, obj: IdempotencyRecord) -> SafeString | str:
+        return _pre_json(obj.steps) if obj.steps else gettext("No checkpoint yet.")
+
+    # Actions and the purge view.
+    @admin.action(description=_("Delete selected records"), permissions=["delete"])
+    def delete_selected(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> TemplateResponse | None:
+        return self._confirm_and_purge(request, queryset, action="delete_selected")
+
+    @admin.action(description=_("Purge expired records among the selected"), permissions=["delete"])
+    def purge_selected_expired(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]
+    ) -> TemplateResponse | None:
+        expired = queryset & IdempotencyRecord.objects.expired()
+        return self._confirm_and_purge(request, expired, action="purge_selected_expired")
+
+    @admin.action(description=_("Release stuck lease"), permissions=["release_lease"])
+    def release_stuck_leases(self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]) -> None:
+        by = request.user.get_username()
+        stuck = list(queryset & IdempotencyRecord.objects.stuck())
+        released = sum(store.release_lease(record, by=by) for record in stuck)
+        if released:
+            message = ngettext(
+                "Released %(count)d stuck lease: the record is FAILED and the next delivery runs the key again.",
+                "Released %(count)d stuck leases: the records are FAILED and the next delivery runs their keys again.",
+                released,
+            )
+            self.message_user(request, message % {"count": released}, messages.SUCCESS)
+        skipped = queryset.count() - released
+        if skipped:
+            message = ngettext(
+                "%(count)d selected record was not stuck (IN_PROGRESS with an expired lease) and was left alone.",
+                "%(count)d selected records were not stuck (IN_PROGRESS with an expired lease) and were left alone.",
+                skipped,
+            )
+            self.message_user(request, message % {"count": skipped}, messages.WARNING)
+
+    def purge_expired_view(self, request: HttpRequest) -> HttpResponse:
+        """Confirm (GET) and purge (POST) every expired record."""
+        if not self.has_delete_permission(request):
+            raise PermissionDenied
+        response = self._confirm_and_purge(request, IdempotencyRecord.objects.expired(), action=None)
+        return response or HttpResponseRedirect(
+            reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_changelist")
+        )
+
+    def _confirm_and_purge(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord], *, action: str | None
+    ) -> TemplateResponse | None:
+        # Only a POST carrying the confirmation page's "post" field deletes; CSRF guards every POST.
+        if request.method == "POST" and request.POST.get("post") == "yes":
+            deleted = store.purge(queryset, batch_size=PURGE_BATCH_SIZE)
+            message = ngettext("Deleted %(count)d record.", "Deleted %(count)d records.", deleted)
+            self.message_user(request, message % {"count": deleted}, messages.SUCCESS)
+            return None
+        count = queryset.count()
+        context = {
+            **self.admin_site.each_context(request),
+            "title": gettext("Purge expired records") if action is None else gettext("Are you sure?"),
+            "opts": self.opts,
+            "count": count,
+            "expired_only": action != "delete_selected",
+            "action": action,
+            "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across", "0"),
+            "action_checkbox_name": ACTION_CHECKBOX_NAME,
+        }
+        template = f"admin/{self.opts.app_label}/{self.opts.model_name}/purge_confirmation.html"
+        return TemplateResponse(request, template, context)
