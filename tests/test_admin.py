@@ -41,7 +41,7 @@ def login(user: User, **client_options: Any) -> Client:
 
 
 def listed_keys(html: str) -> list[str]:
-    return re.findall(r'<span title="([^"]*)">', html)
+    return re.findall(r'<span title="([^"]*)" style="white-space:nowrap">', html)
 
 
 @pytest.fixture
@@ -291,7 +291,7 @@ def test_changelist_shows_shortened_keys_badges_and_scopes(
 ) -> None:
     html = superuser.get(CHANGELIST).content.decode()
     long_key = scene["long"].key
-    assert f'<span title="{long_key}">{long_key[:39]}…</span>' in html
+    assert f'<span title="{long_key}" style="white-space:nowrap">{long_key[:39]}…</span>' in html
     assert "idempotency-status-stuck" in html and "idempotency-status-succeeded" in html
     assert "shop.tasks.charge_customer (payments)" in html
     assert re.search(r"created_at__day=\d+&amp;created_at__month=\d+&amp;created_at__year=\d+", html)
@@ -388,3 +388,13 @@ def test_detail_shows_unknown_when_redis_does_not_answer(
         response = superuser.get(detail(scene["stuck"]))
     assert response.status_code == 200
     assert "unknown (Redis did not answer)" in response.content.decode()
+
+
+def test_expired_filter_lists_newest_first_and_keeps_column_sorting(superuser: Client) -> None:
+    older, newer = make_expired("expired-b"), make_expired("expired-a")
+    make_record("kept")
+    assert listed_keys(superuser.get(f"{CHANGELIST}?expired=yes").content.decode()) == [newer.key, older.key]
+    by_key = superuser.get(f"{CHANGELIST}?expired=yes&o=1").content.decode()
+    assert listed_keys(by_key) == ["expired-a", "expired-b"]
+    by_key_descending = superuser.get(f"{CHANGELIST}?expired=yes&o=-1").content.decode()
+    assert listed_keys(by_key_descending) == ["expired-b", "expired-a"]
