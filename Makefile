@@ -36,3 +36,7 @@ demo: venv
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	$(BIN)/python example_project/manage.py migrate --verbosity 0
 	$(BIN)/python example_project/manage.py demo
+
+.PHONY: screenshots
+screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
+	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
