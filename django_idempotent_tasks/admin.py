@@ -52,7 +52,7 @@ def lock_state(record: IdempotencyRecord) -> str:
     """Who holds the record's Redis lock now, said in words; "unknown" if Redis does not answer."""
     try:
         token = locks.lock_holder(locks.lock_client(), keys.lock_name(record.scope, record.key))
-    except Exception:  # noqa: BLE001  (the page must render whatever the lock cache does)
+    except Exception:  # the page must render whatever the lock cache does
         logger.warning("Could not read the lock of %s from Redis.", keys.loggable(record.key), exc_info=True)
         return gettext("unknown (Redis did not answer)")
     if token is None:
@@ -73,8 +73,9 @@ def _when(moment: datetime | None) -> str:
 class RecordChangeList(ChangeList):
     """Leaves the large JSON columns out of the changelist's SELECT."""
 
-    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet[Any]:
-        queryset = super().get_queryset(request, exclude_parameters).defer("result", "error", "steps")
+    # *args: Django 5.0 added exclude_parameters, which 4.2 does not accept.
+    def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, *args, **kwargs).defer("result", "error", "steps")
         if self.params.get(ExpiredFilter.parameter_name) == "yes" and ORDER_VAR not in self.params:
             # Expired records are the oldest: walking the primary key down from the newest would
             # read most of the table before finding them. Sorting "pk + 0" lets PostgreSQL fetch

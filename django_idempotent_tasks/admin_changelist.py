@@ -93,39 +93,35 @@ class ScopeFilter(admin.SimpleListFilter):
         return queryset.filter(scope=value) if value else queryset
 
 
-class _YesNoFilter(admin.SimpleListFilter):
+class _SubsetFilter(admin.SimpleListFilter):
+    """Yes: the records of the QuerySet method named ``subset``; no: all the others."""
+
+    subset: str
+
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
         return [("yes", _("Yes")), ("no", _("No"))]
 
-    def matching(self) -> QuerySet[IdempotencyRecord]:
-        raise NotImplementedError
-
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        matching: QuerySet[IdempotencyRecord] = getattr(IdempotencyRecord.objects, self.subset)()
         if self.value() == "yes":
-            return queryset & self.matching()
+            return queryset & matching
         if self.value() == "no":
-            return queryset.exclude(pk__in=self.matching().values("pk"))
+            return queryset.exclude(pk__in=matching.values("pk"))
         return queryset
 
 
-class StuckFilter(_YesNoFilter):
+class StuckFilter(_SubsetFilter):
     """IN_PROGRESS records whose lease has expired: the holder died or stalled."""
 
     title = _("stuck")
-    parameter_name = "stuck"
-
-    def matching(self) -> QuerySet[IdempotencyRecord]:
-        return IdempotencyRecord.objects.stuck()
+    parameter_name = subset = "stuck"
 
 
-class ExpiredFilter(_YesNoFilter):
+class ExpiredFilter(_SubsetFilter):
     """Records past their retention that no live lease protects (what a purge deletes)."""
 
     title = _("expired")
-    parameter_name = "expired"
-
-    def matching(self) -> QuerySet[IdempotencyRecord]:
-        return IdempotencyRecord.objects.expired()
+    parameter_name = subset = "expired"
 
 
 _UUID = re.compile(r"^[0-9a-fA-F]{8}-?([0-9a-fA-F]{4}-?){3}[0-9a-fA-F]{12}$")

@@ -49,12 +49,8 @@ def record_date_hierarchy(cl: Any) -> dict[str, Any]:
     if span is None:
         return {"show": False}
     first, last = span
-    try:
-        year, month, day = (
-            int(cl.params[names[part]]) if names[part] in cl.params else None for part in names
-        )
-    except ValueError:
-        return {"show": False}
+    # The changelist has already answered invalid date parameters with its error redirect.
+    year, month, day = (int(cl.params[names[part]]) if names[part] in cl.params else None for part in names)
 
     def link(**parts: int) -> str:
         return str(cl.get_query_string({names[k]: v for k, v in parts.items()}, [f"{field}__"]))
