@@ -239,6 +239,7 @@ class IdempotencyRecordAdmin(_ModelAdmin):
         by = request.user.get_username()
         stuck = list(queryset & IdempotencyRecord.objects.stuck())
         released = sum(store.release_lease(record, by=by) for record in stuck)
+        logger.info("Admin user %s released stuck leases: %d.", by, released)
         if released:
             message = ngettext(
                 "Released %(count)d stuck lease: the record is FAILED and the next delivery runs the key again.",
@@ -270,6 +271,10 @@ class IdempotencyRecordAdmin(_ModelAdmin):
         # Only a POST carrying the confirmation page's "post" field deletes; CSRF guards every POST.
         if request.method == "POST" and request.POST.get("post") == "yes":
             deleted = store.purge(queryset, batch_size=PURGE_BATCH_SIZE)
+            # Deleting makes keys runnable again: leave a trace of who did it.
+            logger.info(
+                "Admin user %s deleted idempotency records: %d.", request.user.get_username(), deleted
+            )
             message = ngettext("Deleted %(count)d record.", "Deleted %(count)d records.", deleted)
             self.message_user(request, message % {"count": deleted}, messages.SUCCESS)
             return None

@@ -147,12 +147,13 @@ def test_get_on_the_purge_url_confirms_and_changes_nothing(
 
 
 def test_delete_permission_purges_expired_records(
-    scene: dict[str, IdempotencyRecord], deleter: Client
+    scene: dict[str, IdempotencyRecord], deleter: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
     live_but_past_retention = make_live("order-charge-2002", expires_at=scene["expired"].expires_at)
     response = deleter.post(PURGE, {"post": "yes"}, follow=True)
     assert response.redirect_chain == [(CHANGELIST, 302)]
     assert "Deleted 1 record." in response.content.decode()
+    assert "Admin user deleter deleted idempotency records: 1." in caplog.messages
     assert not IdempotencyRecord.objects.filter(pk=scene["expired"].pk).exists()
     assert IdempotencyRecord.objects.filter(pk=live_but_past_retention.pk).exists()
     assert IdempotencyRecord.objects.count() == len(scene)
