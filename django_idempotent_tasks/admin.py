@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import json
 import logging
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.core.exceptions import PermissionDenied
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db.models import F, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
-from django.utils import formats, timezone
-from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotent_tasks import keys, locks, store
+from django_idempotent_tasks import admin_display as display
+from django_idempotent_tasks import store
 from django_idempotent_tasks.admin_changelist import (
     EstimatedCountPaginator,
     ExpiredFilter,
@@ -40,34 +36,10 @@ else:
 logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
 PURGE_BATCH_SIZE = 1000
-KEY_DISPLAY_LENGTH = 40
 _GENERAL = ("scope", "key", "task_name", "status_badge", "attempts", "fence", "fingerprint")
 _LEASE = ("lease_holder", "redis_lock")
 _OUTCOME = ("result_json", "error_details", "checkpoints")
 _DATES = ("created_at", "started_at", "completed_at", "expires_at")
-_BADGE_COLOURS = {"succeeded": "#2e7d32", "failed": "#c62828", "in_progress": "#1565c0", "stuck": "#ef6c00"}
-
-
-def lock_state(record: IdempotencyRecord) -> str:
-    """Who holds the record's Redis lock now, said in words; "unknown" if Redis does not answer."""
-    try:
-        token = locks.lock_holder(locks.lock_client(), keys.lock_name(record.scope, record.key))
-    except Exception:  # the page must render whatever the lock cache does
-        logger.warning("Could not read the lock of %s from Redis.", keys.loggable(record.key), exc_info=True)
-        return gettext("unknown (Redis did not answer)")
-    if token is None:
-        return gettext("not held")
-    # A token is "<host>:<pid>:<random>": the random part says nothing to a reader.
-    return gettext("held by %(holder)s") % {"holder": token.rsplit(":", 1)[0]}
-
-
-def _pre_json(value: Any) -> SafeString:
-    text = json.dumps(value, cls=DjangoJSONEncoder, indent=2, sort_keys=True, ensure_ascii=False)
-    return format_html("<pre>{}</pre>", text)
-
-
-def _when(moment: datetime | None) -> str:
-    return formats.localize(timezone.localtime(moment)) if moment else "-"
 
 
 class RecordChangeList(ChangeList):
@@ -157,8 +129,7 @@ class IdempotencyRecordAdmin(_ModelAdmin):
     # Changelist columns and detail fields.
     @admin.display(description=_("key"), ordering="key")
     def short_key(self, obj: IdempotencyRecord) -> SafeString:
-        shown = obj.key if len(obj.key) <= KEY_DISPLAY_LENGTH else f"{obj.key[: KEY_DISPLAY_LENGTH - 1]}…"
-        return format_html('<span title="{}" style="white-space:nowrap">{}</span>', obj.key, shown)
+        return display.short_key(obj.key)
 
     @admin.display(description=_("task / scope"), ordering="scope")
     def task(self, obj: IdempotencyRecord) -> str:
@@ -166,59 +137,27 @@ class IdempotencyRecordAdmin(_ModelAdmin):
 
     @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: IdempotencyRecord) -> SafeString:
-        kind, label = obj.status.lower(), obj.get_status_display()
-        if obj.is_stuck:
-            kind, label = "stuck", gettext("Stuck")
-        return format_html(
-            '<span class="idempotency-status idempotency-status-{}" style="background:{};color:#fff;'
-            'padding:1px 8px;border-radius:8px;white-space:nowrap">{}</span>',
-            kind,
-            _BADGE_COLOURS[kind],
-            label,
-        )
+        return display.status_badge(obj)
 
     @admin.display(description=_("lease holder"))
     def lease_holder(self, obj: IdempotencyRecord) -> SafeString:
-        if obj.status != Status.IN_PROGRESS:
-            state = gettext("none: the record is %(status)s") % {"status": obj.get_status_display()}
-        elif obj.lease_is_live:
-            state = gettext("live")
-        else:
-            state = gettext("expired: the holder died or stalled")
-        rows = [
-            (gettext("worker"), obj.worker or "-"),
-            (gettext("task id"), obj.task_id or "-"),
-            (gettext("lease expires at"), _when(obj.lease_expires_at)),
-            (gettext("lease"), state),
-        ]
-        return format_html(
-            '<table class="idempotency-lease">{}</table>',
-            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
-        )
+        return display.lease_table(obj)
 
     @admin.display(description=_("Redis lock now"))
     def redis_lock(self, obj: IdempotencyRecord) -> str:
-        return lock_state(obj)
+        return display.lock_state(obj)
 
     @admin.display(description=_("result"))
     def result_json(self, obj: IdempotencyRecord) -> SafeString | str:
-        return _pre_json(obj.result) if obj.status == Status.SUCCEEDED else "-"
+        return display.pretty_json(obj.result) if obj.status == Status.SUCCEEDED else "-"
 
     @admin.display(description=_("error"))
     def error_details(self, obj: IdempotencyRecord) -> SafeString | str:
-        if not obj.error:
-            return "-"
-        error = obj.error if isinstance(obj.error, dict) else {"message": obj.error}
-        return format_html(
-            "<strong>{}</strong>: {}<pre>{}</pre>",
-            error.get("type", ""),
-            error.get("message", ""),
-            error.get("traceback", ""),
-        )
+        return display.error_details(obj.error)
 
     @admin.display(description=_("checkpoints"))
     def checkpoints(self, obj: IdempotencyRecord) -> SafeString | str:
-        return _pre_json(obj.steps) if obj.steps else gettext("No checkpoint yet.")
+        return display.pretty_json(obj.steps) if obj.steps else gettext("No checkpoint yet.")
 
     # Actions and the purge view.
     @admin.action(description=_("Delete selected records"), permissions=["delete"])
