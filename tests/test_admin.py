@@ -389,7 +389,10 @@ def test_detail_shows_result_error_lease_and_checkpoints(
     failed = superuser.get(detail(scene["failed"])).content.decode()
     assert "<strong>SMTPServerDisconnected</strong>: Connection unexpectedly closed<pre>Traceback" in failed
     odd = make_failed("k-2007", error="a bare message <b>")
-    assert "<strong></strong>: a bare message &lt;b&gt;<pre></pre>" in superuser.get(detail(odd)).content.decode()
+    assert (
+        "<strong></strong>: a bare message &lt;b&gt;<pre></pre>"
+        in superuser.get(detail(odd)).content.decode()
+    )
     stuck = superuser.get(detail(scene["stuck"])).content.decode()
     assert "worker-2.example.internal:5151" in stuck and scene["stuck"].task_id in stuck
     assert "expired: the holder died or stalled" in stuck
