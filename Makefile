@@ -41,3 +41,7 @@ demo: venv
 # process claims new keys, and prints rows/s and insert latencies. Takes a few minutes.
 purge-timing: venv
 	$(BIN)/python scripts/purge_timing.py
+
+.PHONY: screenshots
+screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
+	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
