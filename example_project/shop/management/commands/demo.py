@@ -1,0 +1,112 @@
+"""Run every cause of duplicate execution against a plain and an idempotent task, with real workers."""
+
+from __future__ import annotations
+
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+import redis
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import connection
+from django.db.migrations.executor import MigrationExecutor
+
+from shop.demo import broker, report
+from shop.demo.scenarios import QUEUE, SCENARIOS, Demo, NotSettled, Outcome
+from shop.demo.workers import WorkerGroup
+
+WORKER_ENV = {
+    "SHOP_DEMO_HOOKS": "1",
+    # Short enough for scenario 2 to see a redelivery within seconds, checked every second.
+    "CELERY_VISIBILITY_TIMEOUT": "4",
+    "CELERY_UNACKED_RESTORE_INTERVAL": "1",
+    "CELERY_UNACKED_RESTORE_THROTTLE": "1",
+}
+
+
+def _interrupt(signum: int, frame: Any) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+class Command(BaseCommand):
+    help = "Run each cause of duplicate execution against a plain and an idempotent charge task, with real Celery workers."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--scenario",
+            type=int,
+            choices=[s.number for s in SCENARIOS],
+            action="append",
+            help="Run only this scenario (repeatable). Default: all six.",
+        )
+        parser.add_argument(
+            "--workers",
+            type=int,
+            default=2,
+            help="Worker processes to start, with 2 children each. Default: 2.",
+        )
+
+    def handle(self, *args: Any, scenario: list[int] | None, workers: int, **options: Any) -> None:
+        self._check_services()
+        selected = [s for s in SCENARIOS if not scenario or s.number in scenario]
+        log_dir = Path(tempfile.mkdtemp(prefix="idempotent-demo-"))
+        started = time.monotonic()
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+        outcomes: list[Outcome] = []
+        try:
+            broker.reset(QUEUE)
+            self.stdout.write(
+                f"Starting {workers} celery workers (prefork, 2 processes each); logs in {log_dir}"
+            )
+            with broker.Recorder() as recorder, WorkerGroup(workers, QUEUE, log_dir, WORKER_ENV) as group:
+                demo = Demo(recorder, group.restart)
+                for item in selected:
+                    self.stdout.write(f"[{item.number}/{len(SCENARIOS)}] {item.title} ...")
+                    self.stdout.flush()
+                    try:
+                        outcome = item(demo)
+                    except NotSettled as exc:
+                        raise CommandError(f"{exc}\n{group.logs()}") from exc
+                    outcomes.append(outcome)
+                    self.stdout.write(f"      {report.progress(outcome)}")
+                self.stdout.write("Stopping the workers ...")
+        except KeyboardInterrupt:
+            raise CommandError("Interrupted; the demo's workers were stopped.", returncode=130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            broker.reset(QUEUE)
+        self._report(outcomes, time.monotonic() - started)
+
+    def _report(self, outcomes: list[Outcome], seconds: float) -> None:
+        self.stdout.write("")
+        self.stdout.write(report.table(outcomes))
+        self.stdout.write("")
+        dedups = sum(o.gateway_dedups for o in outcomes)
+        self.stdout.write(
+            f"The gateway deduplicated {report.plural(dedups, 'request')} of the idempotent task; "
+            f"the whole run took {seconds:.0f} s."
+        )
+        failed = report.duplicates(outcomes)
+        if failed:
+            numbers = ", ".join(str(o.number) for o in failed)
+            raise CommandError(f"The idempotent task did not charge exactly once in scenario(s) {numbers}.")
+        self.stdout.write(
+            self.style.SUCCESS("The idempotent task charged exactly once per key in every scenario.")
+        )
+
+    def _check_services(self) -> None:
+        try:
+            redis.Redis.from_url(settings.CELERY_BROKER_URL, socket_connect_timeout=2).ping()
+        except redis.RedisError as exc:
+            raise CommandError(
+                f"Redis does not answer at {settings.CELERY_BROKER_URL} ({exc}). Start it, or set REDIS_URL."
+            ) from exc
+        if MigrationExecutor(connection).migration_plan(
+            MigrationExecutor(connection).loader.graph.leaf_nodes()
+        ):
+            raise CommandError(
+                "The database is not migrated: run `python example_project/manage.py migrate` first."
+            )
