@@ -17,6 +17,7 @@ from shop.tasks import charge_customer, charge_customer_idempotent
 
 QUEUE = "demo"
 BURST = 20
+QUIET = 1.0  # seconds without a pending message or a running delivery that end a scenario
 PLAIN, IDEMPOTENT = charge_customer, charge_customer_idempotent
 
 
@@ -76,14 +77,19 @@ class Demo:
                 raise NotSettled(f"Timed out after {self.timeout:.0f} s waiting for {what}.")
             time.sleep(0.1)
 
-    def settle(self, *orders: Order) -> None:
-        """Wait until no message is queued or unacknowledged and no delivery of ``orders`` runs."""
+    def settle(self, *orders: Order, at_least: int = 1) -> None:
+        """Wait for ``at_least`` deliveries of each order (the ones the fault must cause), then until
+        no message is queued or unacknowledged and no delivery of ``orders`` runs."""
+        self.wait_for(
+            lambda: all(deliveries(order) >= at_least for order in orders),
+            f"{at_least} deliveries of each order",
+        )
         quiet_since: float | None = None
         deadline = time.monotonic() + self.timeout
         while True:
             if self._quiet(orders):
                 quiet_since = quiet_since or time.monotonic()
-                if time.monotonic() - quiet_since >= 0.6:
+                if time.monotonic() - quiet_since >= QUIET:
                     return
             else:
                 quiet_since = None
@@ -114,7 +120,7 @@ def killed_before_ack(demo: Demo, plain: Order, idempotent: Order) -> None:
     for task, order in ((PLAIN, plain), (IDEMPOTENT, idempotent)):
         hooks.arm(hooks.KILL, order.pk)
         demo.send(task, order)
-    demo.settle(plain, idempotent)
+    demo.settle(plain, idempotent, at_least=2)
 
 
 def visibility_timeout(demo: Demo, plain: Order, idempotent: Order) -> None:
@@ -138,7 +144,7 @@ def retry_after_partial_success(demo: Demo, plain: Order, idempotent: Order) -> 
     for task, order in ((PLAIN, plain), (IDEMPOTENT, idempotent)):
         gateway.simulate_timeouts(order.pk, 2)  # the charge goes through, its confirmation times out twice
         demo.send(task, order)
-    demo.settle(plain, idempotent)
+    demo.settle(plain, idempotent, at_least=3)
 
 
 def lost_ack(demo: Demo, plain: Order, idempotent: Order) -> None:
@@ -147,11 +153,8 @@ def lost_ack(demo: Demo, plain: Order, idempotent: Order) -> None:
         hooks.arm(hooks.CUT, order.pk)
         demo.send(task, order)
         # While the worker reconnects, the restored message may sit in memory only (neither queued
-        # nor unacknowledged in Redis): wait for its redelivery before waiting for quiet.
-        demo.wait_for(
-            lambda order=order: deliveries(order) >= 2, "the message whose ack was lost to come back"
-        )
-        demo.settle(order)
+        # nor unacknowledged in Redis), so settling waits for its redelivery first.
+        demo.settle(order, at_least=2)
 
 
 def republished(demo: Demo, plain: Order, idempotent: Order) -> None:
@@ -159,14 +162,14 @@ def republished(demo: Demo, plain: Order, idempotent: Order) -> None:
     demo.settle(plain, idempotent)
     for task_id in sent:
         demo.recorder.republish(task_id)
-    demo.settle(plain, idempotent)
+    demo.settle(plain, idempotent, at_least=2)
 
 
 def burst(demo: Demo, plain: Order, idempotent: Order) -> None:
     for _ in range(BURST):
         demo.send(PLAIN, plain)
         demo.send(IDEMPOTENT, idempotent)
-    demo.settle(plain, idempotent)
+    demo.settle(plain, idempotent, at_least=BURST)
 
 
 @dataclass(frozen=True)
