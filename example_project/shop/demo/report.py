@@ -6,28 +6,25 @@ from collections.abc import Sequence
 
 from shop.demo.scenarios import Outcome
 
-HEADER = (
-    "#",
-    "scenario",
-    "deliveries plain/idem.",
-    "charges, plain task",
-    "charges, idempotent task",
-    "replays",
+HEADER = ("#", "scenario", "deliveries", "charges: plain task", "charges: idempotent task", "replays")
+NOTE = (
+    "deliveries: of the plain / the idempotent task's messages, conflict re-queues included.\n"
+    "replays: deliveries of the idempotent task answered from its stored result."
 )
 
 
-def plural(count: int, word: str) -> str:
-    return f"{count} {word}{'' if count == 1 else 's'}"
+def plural(count: int, word: str, words: str | None = None) -> str:
+    return f"{count} {word if count == 1 else words or word + 's'}"
 
 
 def progress(outcome: Outcome) -> str:
     """The line printed when a scenario has finished."""
     return (
-        f"plain task: {plural(outcome.charges_plain, 'charge')} in {plural(outcome.deliveries_plain, 'delivery')}; "
+        f"plain task: {plural(outcome.charges_plain, 'charge')} in {plural(outcome.deliveries_plain, 'delivery', 'deliveries')}; "
         f"idempotent task: {plural(outcome.charges_idempotent, 'charge')} in "
-        f"{plural(outcome.deliveries_idempotent, 'delivery')}, {plural(outcome.replays, 'replay')} "
+        f"{plural(outcome.deliveries_idempotent, 'delivery', 'deliveries')}, {plural(outcome.replays, 'replay')} "
         f"({outcome.seconds:.1f} s)"
-    ).replace("deliverys", "deliveries")
+    )
 
 
 def table(outcomes: Sequence[Outcome]) -> str:
@@ -51,7 +48,7 @@ def table(outcomes: Sequence[Outcome]) -> str:
         return "  ".join(left + right).rstrip()
 
     rule = "  ".join("-" * width for width in widths)
-    return "\n".join([line(HEADER), rule, *(line(row) for row in rows)])
+    return "\n".join([line(HEADER), rule, *(line(row) for row in rows), rule, NOTE])
 
 
 def duplicates(outcomes: Sequence[Outcome]) -> list[Outcome]:

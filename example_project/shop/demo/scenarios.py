@@ -187,7 +187,7 @@ class Scenario:
 
 SCENARIOS = [
     Scenario(1, "worker SIGKILLed after the charge, before the ack", killed_before_ack),
-    Scenario(2, "visibility timeout: redelivered while still running", visibility_timeout),
+    Scenario(2, "visibility timeout: redelivered while running", visibility_timeout),
     Scenario(3, "retry after partial success (autoretry_for)", retry_after_partial_success),
     Scenario(4, "lost ack: broker connection cut before the ack", lost_ack),
     Scenario(5, "operator re-publishes a dead-lettered message", republished),
