@@ -58,9 +58,8 @@ class Outcome:
 class Demo:
     """Sends the demo's tasks and waits until the workers are done with them."""
 
-    def __init__(self, recorder: broker.Recorder, restart: Callable[[], None], timeout: float = 90) -> None:
+    def __init__(self, recorder: broker.Recorder, timeout: float = 90) -> None:
         self.recorder = recorder
-        self.restart = restart
         self.timeout = timeout
 
     def order(self) -> Order:

@@ -122,10 +122,5 @@ class WorkerGroup:
         for worker in self.workers:
             worker.stop()
 
-    def restart(self) -> None:
-        """Replace every worker by a fresh one (a worker whose connection was cut stays odd)."""
-        self.stop()
-        self.__enter__()
-
     def logs(self) -> str:
         return "\n".join(f"--- {w.name} ({w.log}) ---\n{w.output()[-2000:]}" for w in self.workers)

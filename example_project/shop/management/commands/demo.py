@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import tempfile
 import time
@@ -49,7 +50,10 @@ class Command(BaseCommand):
             help="Worker processes to start, with 2 children each. Default: 2.",
         )
 
-    def handle(self, *args: Any, scenario: list[int] | None, workers: int, **options: Any) -> None:
+    def handle(
+        self, *args: Any, scenario: list[int] | None, workers: int, verbosity: int, **options: Any
+    ) -> None:
+        self.verbose = verbosity > 0
         self._check_services()
         selected = [s for s in SCENARIOS if not scenario or s.number in scenario]
         log_dir = Path(tempfile.mkdtemp(prefix="idempotent-demo-"))
@@ -58,27 +62,32 @@ class Command(BaseCommand):
         outcomes: list[Outcome] = []
         try:
             broker.reset(QUEUE)
-            self.stdout.write(
+            self._progress(
                 f"Starting {workers} celery workers (prefork, 2 processes each); logs in {log_dir}"
             )
             with broker.Recorder() as recorder, WorkerGroup(workers, QUEUE, log_dir, WORKER_ENV) as group:
-                demo = Demo(recorder, group.restart)
+                demo = Demo(recorder)
                 for item in selected:
-                    self.stdout.write(f"[{item.number}/{len(SCENARIOS)}] {item.title} ...")
-                    self.stdout.flush()
+                    self._progress(f"[{item.number}/{len(SCENARIOS)}] {item.title} ...")
                     try:
                         outcome = item(demo)
                     except NotSettled as exc:
                         raise CommandError(f"{exc}\n{group.logs()}") from exc
                     outcomes.append(outcome)
-                    self.stdout.write(f"      {report.progress(outcome)}")
-                self.stdout.write("Stopping the workers ...")
+                    self._progress(f"      {report.progress(outcome)}")
+                self._progress("Stopping the workers ...")
         except KeyboardInterrupt:
             raise CommandError("Interrupted; the demo's workers were stopped.", returncode=130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
-            broker.reset(QUEUE)
+            with contextlib.suppress(redis.RedisError):
+                broker.reset(QUEUE)
         self._report(outcomes, time.monotonic() - started)
+
+    def _progress(self, line: str) -> None:
+        if self.verbose:
+            self.stdout.write(line)
+            self.stdout.flush()
 
     def _report(self, outcomes: list[Outcome], seconds: float) -> None:
         self.stdout.write("")
