@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import tempfile
 import time
@@ -62,9 +63,7 @@ class Command(BaseCommand):
         outcomes: list[Outcome] = []
         try:
             broker.reset(QUEUE)
-            self._progress(
-                f"Starting {workers} celery workers (prefork, 2 processes each); logs in {log_dir}"
-            )
+            self._progress(f"Starting {workers} celery workers (prefork, 2 processes each) ...")
             with broker.Recorder() as recorder, WorkerGroup(workers, QUEUE, log_dir, WORKER_ENV) as group:
                 demo = Demo(recorder)
                 for item in selected:
@@ -72,24 +71,27 @@ class Command(BaseCommand):
                     try:
                         outcome = item(demo)
                     except NotSettled as exc:
-                        raise CommandError(f"{exc}\n{group.logs()}") from exc
+                        raise CommandError(f"{exc} Worker logs: {log_dir}\n{group.logs()}") from exc
                     outcomes.append(outcome)
                     self._progress(f"      {report.progress(outcome)}")
                 self._progress("Stopping the workers ...")
         except KeyboardInterrupt:
             raise CommandError("Interrupted; the demo's workers were stopped.", returncode=130) from None
+        except RuntimeError as exc:  # a worker did not start
+            raise CommandError(f"{exc} Worker logs: {log_dir}") from exc
         finally:
             signal.signal(signal.SIGTERM, previous)
             with contextlib.suppress(redis.RedisError):
                 broker.reset(QUEUE)
-        self._report(outcomes, time.monotonic() - started)
+        self._report(outcomes, time.monotonic() - started, log_dir)
+        shutil.rmtree(log_dir, ignore_errors=True)
 
     def _progress(self, line: str) -> None:
         if self.verbose:
             self.stdout.write(line)
             self.stdout.flush()
 
-    def _report(self, outcomes: list[Outcome], seconds: float) -> None:
+    def _report(self, outcomes: list[Outcome], seconds: float, log_dir: Path) -> None:
         self.stdout.write("")
         self.stdout.write(report.table(outcomes))
         self.stdout.write("")
@@ -101,7 +103,9 @@ class Command(BaseCommand):
         failed = report.duplicates(outcomes)
         if failed:
             numbers = ", ".join(str(o.number) for o in failed)
-            raise CommandError(f"The idempotent task did not charge exactly once in scenario(s) {numbers}.")
+            raise CommandError(
+                f"The idempotent task did not charge exactly once in scenario(s) {numbers}. Worker logs: {log_dir}"
+            )
         self.stdout.write(
             self.style.SUCCESS("The idempotent task charged exactly once per key in every scenario.")
         )
@@ -113,9 +117,8 @@ class Command(BaseCommand):
             raise CommandError(
                 f"Redis does not answer at {settings.CELERY_BROKER_URL} ({exc}). Start it, or set REDIS_URL."
             ) from exc
-        if MigrationExecutor(connection).migration_plan(
-            MigrationExecutor(connection).loader.graph.leaf_nodes()
-        ):
+        executor = MigrationExecutor(connection)
+        if executor.migration_plan(executor.loader.graph.leaf_nodes()):
             raise CommandError(
                 "The database is not migrated: run `python example_project/manage.py migrate` first."
             )
