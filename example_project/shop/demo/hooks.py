@@ -10,7 +10,7 @@ import signal
 from typing import Any
 
 import redis
-from celery.signals import task_postrun, task_prerun
+from celery.signals import task_postrun, task_prerun, worker_process_shutdown
 from django.conf import settings
 from django.utils import timezone
 from django_redis import get_redis_connection
@@ -28,6 +28,20 @@ def connect() -> None:
     task_prerun.connect(record_delivery, weak=False)
     task_replayed.connect(mark_replay, weak=False)
     task_postrun.connect(finish_delivery, weak=False)
+    worker_process_shutdown.connect(save_coverage, weak=False)
+
+
+def save_coverage(**_: Any) -> None:
+    # Pool children leave with os._exit, which skips coverage's atexit hook; under the test suite
+    # (COVERAGE_PROCESS_START) save what this child measured of the app.
+    try:
+        import coverage
+    except ImportError:
+        return
+    measuring = coverage.Coverage.current()
+    if measuring is not None:
+        measuring.stop()
+        measuring.save()
 
 
 def arm(fault: str, order_id: int) -> None:
