@@ -17,6 +17,7 @@ from shop.tasks import charge_customer, charge_customer_idempotent
 
 QUEUE = "demo"
 BURST = 20
+UNFINISHED = ("requeued", "retried")  # outcomes after which the same message comes back
 QUIET = 1.0  # seconds without a pending message or a running delivery that end a scenario
 PLAIN, IDEMPOTENT = charge_customer, charge_customer_idempotent
 
@@ -99,8 +100,16 @@ class Demo:
     def _quiet(self, orders: tuple[Order, ...]) -> bool:
         if broker.pending(QUEUE):
             return False
-        running = Delivery.objects.filter(order__in=orders, finished_at__isnull=True)
-        return not any(_alive(pid) for pid in running.values_list("pid", flat=True))
+        latest = {}  # task id -> its last delivery: a re-queued or retried one must be followed by another
+        rows = Delivery.objects.filter(order__in=orders).order_by("pk")
+        for task_id, outcome, finished_at, pid in rows.values_list(
+            "task_id", "outcome", "finished_at", "pid"
+        ):
+            latest[task_id] = (outcome, finished_at, pid)
+        return not any(
+            outcome in UNFINISHED or (finished_at is None and _alive(pid))
+            for outcome, finished_at, pid in latest.values()
+        )
 
 
 def _alive(pid: int) -> bool:
