@@ -1,0 +1,242 @@
+"""The fault injectors: each strikes once, as the plan says, and writes down what it hit."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.db import connection, connections
+from django.utils import timezone
+
+from django_idempotent_tasks.models import IdempotencyRecord
+from tests.chaos.plan import Fault
+from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool, children, kill_group
+from tests.chaosapp import control
+from tests.chaosapp.tasks import LEASE, chaos_effect, chaos_slow
+from tests.helpers import wait_for
+
+# Clock jump emulation: libfaketime crashes Debian's redis-server 7.0, so expire every lock at once.
+_EXPIRE_LOCKS = """
+local n = 0
+for _, name in ipairs(redis.call("keys", ARGV[1])) do
+    redis.call("pexpire", name, 1)
+    n = n + 1
+end
+return n
+"""
+_DELETE_STORM = """
+local n = 0
+for _, name in ipairs(redis.call("keys", "storm:*")) do
+    n = n + redis.call("unlink", name)
+end
+return n
+"""
+
+
+class Context:
+    """What the injectors act on, and what they write down for the checker."""
+
+    def __init__(
+        self,
+        pool: WorkerPool,
+        lock_redis: LockRedis,
+        send: Callable[[Any, str, tuple[Any, ...]], str],
+        postgres: PrivatePostgres | None,
+    ) -> None:
+        self.pool = pool
+        self.lock_redis = lock_redis
+        self.send = send
+        self.postgres = postgres
+        self.control = control.control()
+        self.redis_faults = threading.Lock()
+        self.mutex = threading.Lock()
+        self.injected: dict[str, int] = {}
+        self.stopped: set[int] = set()
+        self.terminated: set[str] = set()
+        self.notes: list[str] = []
+        self.last_end = 0.0
+
+    def done(self, kind: str, note: str) -> None:
+        with self.mutex:
+            self.injected[kind] = self.injected.get(kind, 0) + 1
+            self.notes.append(f"{kind}: {note}")
+            self.last_end = max(self.last_end, time.monotonic())
+
+    def holder(self, key: str) -> list[int]:
+        """The pid (and PostgreSQL backend pid) published by the process holding ``key``."""
+        value = wait_for(lambda: self.control.get(f"held:{key}"), timeout=90, what=f"a holder of {key}")
+        return [int(part) for part in value.split()]
+
+
+def arm_child_kill(ctx: Context, fault: Fault) -> None:
+    control.arm(fault.point, fault.key, "kill")
+
+
+def insert_stale_row(ctx: Context, fault: Fault) -> None:
+    """P6: an IN_PROGRESS row whose holder vanished long ago."""
+    value = int(fault.key.rsplit("-", 1)[1])
+    IdempotencyRecord.objects.create(
+        scope=chaos_effect.name,
+        key=fault.key,
+        task_name=chaos_effect.name,
+        fingerprint=chaos_effect._fingerprint((value,), {}),
+        task_id="stale",
+        worker="gone:1",
+        started_at=timezone.now() - timedelta(hours=1),
+        lease_expires_at=timezone.now() - timedelta(minutes=30),
+    )
+    ctx.done("stale_row", fault.key)
+
+
+def pause(ctx: Context, fault: Fault) -> None:
+    """W6: SIGSTOP the holder mid-body for longer than the lease, send a duplicate, SIGCONT."""
+    control.arm("after_effect", fault.key, "hold:4")
+    ctx.send(chaos_effect, fault.key, (int(fault.key.rsplit("-", 1)[1]),))
+    pid = ctx.holder(fault.key)[0]
+    os.kill(pid, signal.SIGSTOP)
+    with ctx.mutex:
+        ctx.stopped.add(pid)
+    ctx.send(chaos_effect, fault.key, (int(fault.key.rsplit("-", 1)[1]),))
+    time.sleep(LEASE + 3)
+    with contextlib.suppress(ProcessLookupError):  # a worker fault may have killed it meanwhile
+        os.kill(pid, signal.SIGCONT)
+    ctx.done("pause", f"{fault.key} pid {pid} stopped {LEASE + 3} s")
+
+
+def backend_kill(ctx: Context, fault: Fault) -> None:
+    """P1: pg_terminate_backend() of the holder's connection inside its atomic body."""
+    control.arm("after_effect", fault.key, "hold:3")
+    ctx.send(chaos_effect, fault.key, (int(fault.key.rsplit("-", 1)[1]),))
+    pid, backend = ctx.holder(fault.key)
+    with ctx.mutex:
+        ctx.terminated.add(fault.key)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+            killed = cursor.fetchone()[0]
+    finally:
+        connections.close_all()
+    ctx.done("backend_kill", f"{fault.key} backend {backend} of pid {pid} terminated={killed}")
+
+
+def short_lock(ctx: Context, fault: Fault) -> None:
+    """W7: a 5 s body under a 2 s lock TTL, and a duplicate 3 s in."""
+    ctx.send(chaos_slow, fault.key, (0, 5))
+    ctx.holder(fault.key)
+    time.sleep(3)
+    ctx.send(chaos_slow, fault.key, (0, 5))
+    ctx.done("short_lock", fault.key)
+
+
+def poison(ctx: Context, fault: Fault) -> None:
+    """W9: a task that kills its process every time; it must end FAILED."""
+    from tests.chaosapp.tasks import chaos_poison
+
+    ctx.send(chaos_poison, fault.key, (0,))
+    ctx.done("poison", fault.key)
+
+
+def main_kill(ctx: Context, fault: Fault) -> None:
+    """W4: SIGKILL the main worker process; its orphaned children die with their group."""
+    with ctx.pool.locks[fault.worker]:
+        worker = ctx.pool.slots[fault.worker]
+        victims = children(worker.pid)
+        for pid in victims:
+            control.died(pid)
+        os.kill(worker.pid, signal.SIGKILL)
+        time.sleep(1)
+        kill_group(worker.pid)
+        assert worker.process is not None
+        worker.process.wait(timeout=30)
+        worker.log_file.close()
+        time.sleep(2)
+        ctx.pool.restart(fault.worker)
+    ctx.done("main_kill", f"worker {fault.worker} pid {worker.pid}, children {victims}")
+
+
+def warm_shutdown(ctx: Context, fault: Fault) -> None:
+    """W5: SIGTERM, SIGKILL the group if it is still there 2 s later, then restart."""
+    with ctx.pool.locks[fault.worker]:
+        worker = ctx.pool.slots[fault.worker]
+        assert worker.process is not None
+        victims = children(worker.pid)
+        os.kill(worker.pid, signal.SIGTERM)
+        try:
+            worker.process.wait(timeout=2)
+            how = "stopped warm"
+        except Exception:
+            for pid in victims:
+                control.died(pid)
+            kill_group(worker.pid)
+            worker.process.wait(timeout=30)
+            how = "SIGKILLed after 2 s"
+        worker.log_file.close()
+        ctx.pool.restart(fault.worker)
+    ctx.done("warm_shutdown", f"worker {fault.worker} {how}")
+
+
+def lock_restart(ctx: Context, fault: Fault) -> None:
+    with ctx.redis_faults:
+        ctx.lock_redis.restart_without_persistence()
+    ctx.done("lock_restart", "SHUTDOWN NOSAVE and restart")
+
+
+def client_pause(ctx: Context, fault: Fault) -> None:
+    with ctx.redis_faults:
+        ctx.lock_redis.client().execute_command("CLIENT", "PAUSE", 3000, "ALL")  # type: ignore[no-untyped-call]
+        time.sleep(3)
+    ctx.done("client_pause", "CLIENT PAUSE 3000 ALL")
+
+
+def eviction(ctx: Context, fault: Fault) -> None:
+    """R5: maxmemory 2mb, allkeys-random, and a flood of keys evicts the locks."""
+    with ctx.redis_faults:
+        client = ctx.lock_redis.client(30)
+        before = int(client.info("stats")["evicted_keys"])
+        client.config_set("maxmemory-policy", "allkeys-random")
+        client.config_set("maxmemory", "2mb")
+        client.execute_command("DEBUG", "POPULATE", 50_000, "storm", 64)  # type: ignore[no-untyped-call]
+        for _ in range(20):
+            client.set("storm:tick", "x" * 1024)  # every command evicts until memory fits
+            time.sleep(0.1)
+        evicted = int(client.info("stats")["evicted_keys"]) - before
+        client.config_set("maxmemory", "0")
+        client.eval(_DELETE_STORM, 0)
+    ctx.done("eviction", f"{evicted} keys evicted")
+
+
+def clock_jump(ctx: Context, fault: Fault) -> None:
+    """R7: every lock key expires at once, as if the Redis clock jumped forward."""
+    with ctx.redis_faults:
+        expired = ctx.lock_redis.client().eval(_EXPIRE_LOCKS, 0, "django_idempotent_tasks:lock:*")
+    ctx.done("clock_jump", f"{expired} lock keys expired")
+
+
+def pg_restart(ctx: Context, fault: Fault) -> None:
+    assert ctx.postgres is not None, "pg_restart needs the soak's private PostgreSQL"
+    ctx.postgres.restart()
+    connections.close_all()
+    ctx.done("pg_restart", "pg_ctl restart -m fast")
+
+
+INJECTORS: dict[str, Callable[[Context, Fault], None]] = {
+    "child_kill": arm_child_kill,
+    "stale_row": insert_stale_row,
+    "pause": pause,
+    "backend_kill": backend_kill,
+    "short_lock": short_lock,
+    "poison": poison,
+    "main_kill": main_kill,
+    "warm_shutdown": warm_shutdown,
+    "lock_restart": lock_restart,
+    "client_pause": client_pause,
+    "eviction": eviction,
+    "clock_jump": clock_jump,
+    "pg_restart": pg_restart,
+}
