@@ -36,3 +36,15 @@ demo: venv
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	$(BIN)/python example_project/manage.py migrate --verbosity 0
 	$(BIN)/python example_project/manage.py demo
+
+.PHONY: chaos soak
+
+# Tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run.
+chaos: venv
+	@scripts/check_services.sh
+	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
+# Tier 2: 10,000 deliveries, with restarts of a private PostgreSQL cluster on port 5434.
+soak: venv
+	@NEED_POSTGRES=0 scripts/check_services.sh
+	scripts/soak.sh $(PYTEST_ARGS)

@@ -9,12 +9,15 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connections
 from django.db.models import Count
 
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.chaosapp.models import ChaosEffect
 
 Status = IdempotencyRecord.Status
+# Seconds before a PostgreSQL restart in which a body's external call counts as cut off by it.
+RESTART_REACH = 10
 
 
 @dataclass
@@ -26,7 +29,7 @@ class Observed:
     messages: list[tuple[str, str]]
     records: dict[str, IdempotencyRecord] = field(default_factory=dict)
     effects: Counter[str] = field(default_factory=Counter)
-    ledger: dict[str, list[tuple[int, int, str]]] = field(default_factory=dict)
+    ledger: dict[str, list[tuple[int, int, float]]] = field(default_factory=dict)
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)
     received: set[str] = field(default_factory=set)
     dead: set[int] = field(default_factory=set)
@@ -51,6 +54,14 @@ def read_answers(task_ids: list[str]) -> dict[str, dict[str, Any]]:
 
 def settled(observed: Observed) -> bool:
     """Every key final and every message answered: the run is over."""
+    try:
+        return _settled(observed)
+    except (OperationalError, InterfaceError):
+        connections.close_all()  # the soak restarted PostgreSQL under this connection
+        return False
+
+
+def _settled(observed: Observed) -> bool:
     records = IdempotencyRecord.objects.filter(key__in=observed.keys)
     final = records.filter(status__in=[Status.SUCCEEDED, Status.FAILED]).count()
     if final < len(observed.keys):
@@ -66,7 +77,7 @@ def observe(observed: Observed, control: redis.Redis) -> Observed:
     observed.effects = Counter({row["key"]: row["n"] for row in rows})
     for key in observed.keys:
         entries = [text(raw).split() for raw in control.lrange(f"ext:{key}", 0, -1)]
-        observed.ledger[key] = [(int(pid), int(fence), task_id) for pid, fence, task_id, _ in entries]
+        observed.ledger[key] = [(int(pid), int(fence), float(at)) for pid, fence, _, at in entries]
     observed.answers = read_answers([task_id for task_id, _ in observed.messages])
     observed.received = {text(raw) for raw in control.smembers("received")}
     observed.dead = {int(raw) for raw in control.smembers("dead")}
@@ -82,10 +93,21 @@ class Verdict:
     violations: list[str] = field(default_factory=list)
 
 
-def check(observed: Observed, stopped: set[int], terminated: set[str]) -> Verdict:
+def check(
+    observed: Observed,
+    stopped: set[int],
+    terminated: set[str],
+    taken_over: set[str],
+    restarts: list[tuple[float, float]],
+) -> Verdict:
     verdict = Verdict()
     bad = verdict.violations.append
     records = observed.records
+    # The faults that kill a holder mid-body leave their mark: a later fence took the key over.
+    for key in sorted(taken_over):
+        record = records.get(key)
+        if record is not None and record.status == Status.SUCCEEDED and record.fence < 2:
+            bad(f"{key}: its holder was killed mid-body, yet fence {record.fence} completed it")
     # I1: the database effect of every key exists exactly once (none for a key that failed).
     for key in sorted(observed.keys):
         record = records.get(key)
@@ -143,8 +165,10 @@ def check(observed: Observed, stopped: set[int], terminated: set[str]) -> Verdic
         if committed is not None and sum(1 for e in entries if e[1] == committed) != 1:
             bad(f"I6 {key}: the committed fence {committed} made {len(entries) - len(extra)} calls")
         beyond += max(len(entries) - 1, 0)
-        for pid, fence, _ in extra:
-            if pid in observed.dead or pid in stopped or key in terminated:
+        for pid, fence, at in extra:
+            # A PostgreSQL restart rolls back every body in flight: those calls were cut off by it.
+            restarted = any(start - RESTART_REACH <= at <= end for start, end in restarts)
+            if pid in observed.dead or pid in stopped or key in terminated or restarted:
                 explained += 1
             else:
                 bad(f"I6 {key}: external call by pid {pid} at fence {fence} is not explained by a fault")

@@ -3,23 +3,27 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TypeVar
 
-from django.db import connection, connections
+from django.db import InterfaceError, OperationalError, connection, connections
 from django.utils import timezone
 
+from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.chaos.plan import Fault
 from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool, children, kill_group
 from tests.chaosapp import control
-from tests.chaosapp.tasks import LEASE, chaos_effect, chaos_slow
+from tests.chaosapp.tasks import LEASE, URGENT, chaos_effect, chaos_slow
 from tests.helpers import wait_for
+
+T = TypeVar("T")
 
 # Clock jump emulation: libfaketime crashes Debian's redis-server 7.0, so expire every lock at once.
 _EXPIRE_LOCKS = """
@@ -46,12 +50,13 @@ class Context:
         self,
         pool: WorkerPool,
         lock_redis: LockRedis,
-        send: Callable[[Any, str, tuple[Any, ...]], str],
+        send: Callable[..., str],
         postgres: PrivatePostgres | None,
     ) -> None:
         self.pool = pool
         self.lock_redis = lock_redis
-        self.send = send
+        # Faults send to the urgent queue: their timing must not wait behind the backlog.
+        self.send = functools.partial(send, queue=URGENT)
         self.postgres = postgres
         self.control = control.control()
         self.redis_faults = threading.Lock()
@@ -59,6 +64,7 @@ class Context:
         self.injected: dict[str, int] = {}
         self.stopped: set[int] = set()
         self.terminated: set[str] = set()
+        self.restarts: list[tuple[float, float]] = []
         self.notes: list[str] = []
         self.last_end = 0.0
 
@@ -72,6 +78,26 @@ class Context:
         """The pid (and PostgreSQL backend pid) published by the process holding ``key``."""
         value = wait_for(lambda: self.control.get(f"held:{key}"), timeout=90, what=f"a holder of {key}")
         return [int(part) for part in value.split()]
+
+
+def terminate(backend: int) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+        return bool(cursor.fetchone()[0])
+
+
+def with_database(fn: Callable[[], T]) -> T:
+    """Run ``fn``, reconnecting while a PostgreSQL restart (another fault) is under way."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return fn()
+        except (OperationalError, InterfaceError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+        finally:
+            connections.close_all()
 
 
 def arm_child_kill(ctx: Context, fault: Fault) -> None:
@@ -95,18 +121,30 @@ def insert_stale_row(ctx: Context, fault: Fault) -> None:
 
 
 def pause(ctx: Context, fault: Fault) -> None:
-    """W6: SIGSTOP the holder mid-body for longer than the lease, send a duplicate, SIGCONT."""
-    control.arm("after_effect", fault.key, "hold:4")
-    ctx.send(chaos_effect, fault.key, (int(fault.key.rsplit("-", 1)[1]),))
+    """W6: SIGSTOP the holder mid-body until a duplicate takes the key over, then SIGCONT it."""
+    hold(ctx, fault.key, 4)
     pid = ctx.holder(fault.key)[0]
     os.kill(pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
     with ctx.mutex:
         ctx.stopped.add(pid)
     ctx.send(chaos_effect, fault.key, (int(fault.key.rsplit("-", 1)[1]),))
-    time.sleep(LEASE + 3)
+    # At most 12 s, so the stopped task stays inside its 20 s hard time limit.
+    taken = with_database(lambda: taken_over(fault.key, timeout=12))
+    time.sleep(max(0.0, LEASE + 1 - (time.monotonic() - stopped_at)))
     with contextlib.suppress(ProcessLookupError):  # a worker fault may have killed it meanwhile
         os.kill(pid, signal.SIGCONT)
-    ctx.done("pause", f"{fault.key} pid {pid} stopped {LEASE + 3} s")
+    took = "a duplicate took over" if taken else "no duplicate took over"
+    ctx.done("pause", f"{fault.key} pid {pid} stopped {time.monotonic() - stopped_at:.0f} s; {took}")
+
+
+def taken_over(key: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if IdempotencyRecord.objects.filter(key=key, fence__gte=2).exists():
+            return True
+        time.sleep(0.1)
+    return False
 
 
 def backend_kill(ctx: Context, fault: Fault) -> None:
@@ -116,12 +154,7 @@ def backend_kill(ctx: Context, fault: Fault) -> None:
     pid, backend = ctx.holder(fault.key)
     with ctx.mutex:
         ctx.terminated.add(fault.key)
-    try:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
-            killed = cursor.fetchone()[0]
-    finally:
-        connections.close_all()
+    killed = with_database(lambda: terminate(backend))
     ctx.done("backend_kill", f"{fault.key} backend {backend} of pid {pid} terminated={killed}")
 
 
@@ -181,10 +214,27 @@ def warm_shutdown(ctx: Context, fault: Fault) -> None:
     ctx.done("warm_shutdown", f"worker {fault.worker} {how}")
 
 
+def hold(ctx: Context, key: str, seconds: float) -> None:
+    """Send ``key`` and return once its holder sits inside the body (lock and lease held)."""
+    control.arm("after_effect", key, f"hold:{seconds}")
+    ctx.send(chaos_effect, key, (int(key.rsplit("-", 1)[1]),))
+    ctx.holder(key)
+
+
+def duplicate(ctx: Context, key: str) -> str:
+    """Send ``key`` again right after a lock fault; say whether the holder's lock survived it."""
+    survived = ctx.lock_redis.client().exists(keys.lock_name(chaos_effect.name, key))
+    ctx.send(chaos_effect, key, (int(key.rsplit("-", 1)[1]),))
+    return f"{key}'s lock {'survived' if survived else 'vanished'}; duplicate sent"
+
+
 def lock_restart(ctx: Context, fault: Fault) -> None:
+    """R1: the lock Redis restarts empty while a holder is mid-body."""
+    hold(ctx, fault.key, 3)
     with ctx.redis_faults:
         ctx.lock_redis.restart_without_persistence()
-    ctx.done("lock_restart", "SHUTDOWN NOSAVE and restart")
+        note = duplicate(ctx, fault.key)
+    ctx.done("lock_restart", f"SHUTDOWN NOSAVE and restart; {note}")
 
 
 def client_pause(ctx: Context, fault: Fault) -> None:
@@ -196,6 +246,7 @@ def client_pause(ctx: Context, fault: Fault) -> None:
 
 def eviction(ctx: Context, fault: Fault) -> None:
     """R5: maxmemory 2mb, allkeys-random, and a flood of keys evicts the locks."""
+    hold(ctx, fault.key, 4)
     with ctx.redis_faults:
         client = ctx.lock_redis.client(30)
         before = int(client.info("stats")["evicted_keys"])
@@ -206,22 +257,29 @@ def eviction(ctx: Context, fault: Fault) -> None:
             client.set("storm:tick", "x" * 1024)  # every command evicts until memory fits
             time.sleep(0.1)
         evicted = int(client.info("stats")["evicted_keys"]) - before
+        note = duplicate(ctx, fault.key)
         client.config_set("maxmemory", "0")
         client.eval(_DELETE_STORM, 0)
-    ctx.done("eviction", f"{evicted} keys evicted")
+    ctx.done("eviction", f"{evicted} keys evicted; {note}")
 
 
 def clock_jump(ctx: Context, fault: Fault) -> None:
     """R7: every lock key expires at once, as if the Redis clock jumped forward."""
+    hold(ctx, fault.key, 3)
     with ctx.redis_faults:
         expired = ctx.lock_redis.client().eval(_EXPIRE_LOCKS, 0, "django_idempotent_tasks:lock:*")
-    ctx.done("clock_jump", f"{expired} lock keys expired")
+        time.sleep(0.01)
+        note = duplicate(ctx, fault.key)
+    ctx.done("clock_jump", f"{expired} lock keys expired; {note}")
 
 
 def pg_restart(ctx: Context, fault: Fault) -> None:
     assert ctx.postgres is not None, "pg_restart needs the soak's private PostgreSQL"
+    started = time.time()
     ctx.postgres.restart()
     connections.close_all()
+    with ctx.mutex:
+        ctx.restarts.append((started, time.time()))
     ctx.done("pg_restart", "pg_ctl restart -m fast")
 
 

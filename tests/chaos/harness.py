@@ -14,7 +14,7 @@ from django.db import connections
 
 from tests.chaos import checker
 from tests.chaos.faults import INJECTORS, Context
-from tests.chaos.plan import Plan, value_of
+from tests.chaos.plan import BEFORE_COMPLETION, Plan, value_of
 from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool
 from tests.chaosapp import control
 from tests.chaosapp.tasks import chaos_effect
@@ -31,11 +31,13 @@ class Outcome:
     injected: dict[str, int]
     seconds: float
     logs: list[str]
+    notes: list[str]
 
     def table(self) -> str:
         figures = {**self.verdict.figures, "wall time (s)": round(self.seconds)}
         title = f"chaos {self.plan.tier.name}, seed {self.plan.seed} (replay: CHAOS_SEED={self.plan.seed})"
-        return checker.table(title, figures, self.injected)
+        notes = "\n".join(f"  {note}" for note in self.notes)
+        return f"{checker.table(title, figures, self.injected)}\nfaults:\n{notes}"
 
 
 class Sender:
@@ -45,11 +47,11 @@ class Sender:
         self.messages: list[tuple[str, str]] = []
         self.mutex = threading.Lock()
 
-    def __call__(self, task: Any, key: str, args: tuple[Any, ...]) -> str:
+    def __call__(self, task: Any, key: str, args: tuple[Any, ...], queue: str = "chaos") -> str:
         task_id = str(uuid.uuid4())
         with self.mutex:
             self.messages.append((task_id, key))
-        task.apply_async(args, {"idempotency_key": key}, task_id=task_id)
+        task.apply_async(args, {"idempotency_key": key}, task_id=task_id, queue=queue)
         return task_id
 
 
@@ -106,13 +108,19 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
             wait_for(lambda: checker.settled(observed), timeout=bound - time.monotonic(), what="settling")
         connections.close_all()
         checker.observe(observed, control.control())
-        verdict = checker.check(observed, ctx.stopped, ctx.terminated)
+        taken_over = {
+            f.key
+            for f in plan.faults
+            if (f.kind == "child_kill" and f.point in BEFORE_COMPLETION)
+            or f.kind in ("backend_kill", "stale_row")
+        }
+        verdict = checker.check(observed, ctx.stopped, ctx.terminated, taken_over, ctx.restarts)
         injected = dict(ctx.injected)
         armed = [f for f in plan.faults if f.kind == "child_kill"]
         injected["child_kill"] = sum(
             1 for f in armed if not control.control().exists(f"point:{f.point}:{f.key}")
         )
-        return Outcome(plan, verdict, injected, time.monotonic() - started, pool.logs())
+        return Outcome(plan, verdict, injected, time.monotonic() - started, pool.logs(), ctx.notes)
     finally:
         for thread in threads:
             thread.join(timeout=60)

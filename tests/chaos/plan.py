@@ -58,7 +58,7 @@ SOAK = Tier(
     burst_keys=100,
     burst_size=20,
     max_deliveries=20,
-    send_seconds=200,
+    send_seconds=300,
     faults={
         "child_kill": 25,
         "main_kill": 5,
@@ -102,8 +102,9 @@ class Plan:
         return sorted({key for _, key in self.sends} | {f.key for f in self.faults if f.kind in KEYED})
 
 
-# Faults that send their own key (the harness must see the key's holder before striking).
-KEYED = ("pause", "backend_kill")
+# Faults that send their own key and strike while its holder is inside the body; the lock-Redis
+# faults then send a duplicate, which the database lease must turn away.
+KEYED = ("pause", "backend_kill", "lock_restart", "eviction", "clock_jump")
 
 
 def seed_from_env() -> int:
@@ -160,7 +161,7 @@ def make_plan(tier: Tier, seed: int) -> Plan:
         plan.faults += [Fault(kind, when(), worker=rng.randrange(2)) for _ in range(counts.get(kind, 0))]
     for kind in ("short_lock", "poison"):
         plan.faults += [Fault(kind, when(), key=f"{kind}-{n}") for n in range(counts.get(kind, 0))]
-    for kind in ("lock_restart", "client_pause", "eviction", "clock_jump", "pg_restart"):
+    for kind in ("client_pause", "pg_restart"):
         plan.faults += [Fault(kind, when()) for _ in range(counts.get(kind, 0))]
     plan.faults.sort(key=lambda fault: (fault.at, fault.kind, fault.key))
     return plan

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import pwd
 import signal
 import subprocess
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 import redis
@@ -82,7 +82,9 @@ class WorkerPool:
         self.every: list[Worker] = []
 
     def _new(self, n: int) -> Worker:
-        worker = Worker(f"chaos{n}", self.env, app="tests.chaosapp.celery_app", extra=("-Q", "chaos"))
+        worker = Worker(
+            f"chaos{n}", self.env, app="tests.chaosapp.celery_app", extra=("-Q", "chaos,chaos.urgent")
+        )
         return worker
 
     def start(self) -> None:
@@ -117,7 +119,11 @@ class PrivatePostgres:
         self.bin_dir = bin_dir
 
     def restart(self) -> None:
-        """P: a fast restart: every backend is terminated, every connection breaks."""
-        command = f"{self.bin_dir}/pg_ctl -D {self.data_dir} -m fast -w -t 60 restart -l {self.data_dir}/log"
-        subprocess.run(["su", "postgres", "-c", command], check=True, capture_output=True, timeout=120)
-        time.sleep(0.5)
+        """A fast restart: every backend is terminated, every connection breaks."""
+        command = (
+            f"{self.bin_dir}/pg_ctl -D {self.data_dir} -m fast -w -t 60 -l {self.data_dir}/server.log restart"
+        )
+        if pwd.getpwuid(os.getuid()).pw_name == "postgres":
+            subprocess.run(["bash", "-c", command], check=True, capture_output=True, timeout=120)
+        else:
+            subprocess.run(["su", "postgres", "-c", command], check=True, capture_output=True, timeout=120)

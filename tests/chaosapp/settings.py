@@ -10,6 +10,9 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     "visibility_timeout": 25,
     "unacked_restore_interval": 1,
     "unacked_restore_throttle": 1,
+    # A main process SIGKILLed while it holds kombu's restore mutex would block every restore
+    # for the default 300 s.
+    "unacked_mutex_expire": 5,
 }
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 # A hard limit below the visibility timeout: no task can hang a child for good.

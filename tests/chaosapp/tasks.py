@@ -16,6 +16,8 @@ from tests.chaosapp.models import ChaosEffect
 # Leases of 6 s renewed every 2 s: a Redis call stuck for its 2 s socket timeout cannot starve
 # the renewal, and a crashed holder's key is taken over within seconds.
 LEASE = 6
+# The queue the faults send to, so a duplicate meant to arrive mid-fault skips the backlog.
+URGENT = "chaos.urgent"
 
 
 def run_body(task: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
