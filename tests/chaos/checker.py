@@ -70,6 +70,22 @@ def _settled(observed: Observed) -> bool:
     return len(answers) == len(observed.messages)
 
 
+def unsettled(observed: Observed, control: redis.Redis) -> list[str]:
+    """The keys without a final record now (a key no worker ever received is the broker's loss)."""
+    received = {text(raw) for raw in control.smembers("received")}
+    delivered = {key for task_id, key in observed.messages if task_id in received}
+    try:
+        final = set(
+            IdempotencyRecord.objects.filter(
+                key__in=observed.keys, status__in=[Status.SUCCEEDED, Status.FAILED]
+            ).values_list("key", flat=True)
+        )
+    except (OperationalError, InterfaceError):
+        connections.close_all()
+        return sorted(observed.keys)
+    return sorted(delivered - final)
+
+
 def observe(observed: Observed, control: redis.Redis) -> Observed:
     for record in IdempotencyRecord.objects.filter(key__in=observed.keys):
         observed.records[record.key] = record
