@@ -107,6 +107,7 @@ class Verdict:
 
     figures: dict[str, Any] = field(default_factory=dict)
     violations: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 def check(
@@ -161,6 +162,7 @@ def check(
                 bad(f"I5 {key}: message {task_id} was received but never answered")
             else:
                 never_received += 1
+                verdict.notes.append(f"message {task_id} of {key} never reached a worker (broker loss)")
             continue
         if (
             key in observed.poison

@@ -42,7 +42,7 @@ class Outcome:
     def table(self) -> str:
         figures = {**self.verdict.figures, "wall time (s)": round(self.seconds)}
         title = f"chaos {self.plan.tier.name}, seed {self.plan.seed} (replay: CHAOS_SEED={self.plan.seed})"
-        notes = "\n".join(f"  {note}" for note in self.notes)
+        notes = "\n".join(f"  {note}" for note in self.notes + self.verdict.notes)
         return f"{checker.table(title, figures, self.injected)}\nfaults:\n{notes}"
 
 
