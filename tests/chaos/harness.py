@@ -148,9 +148,8 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
         taken_over = {
             f.key
             for f in plan.faults
-            if (f.kind == "child_kill" and f.point in BEFORE_COMPLETION)
-            or f.kind in ("backend_kill", "stale_row")
-        }
+            if (f.kind == "child_kill" and f.point in BEFORE_COMPLETION) or f.kind == "stale_row"
+        } | ctx.cut_off
         verdict = checker.check(observed, ctx.stopped, ctx.terminated, taken_over, ctx.restarts)
         verdict.violations += [f"I2 {key}: not final {SETTLE_SECONDS} s after the last fault" for key in late]
         verdict.figures["keys not final within the bound"] = len(late)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pwd
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -68,6 +69,7 @@ class LockRedis:
         if self.process is not None and self.process.poll() is None:
             kill_group(self.process.pid)
             self.process.wait(timeout=30)
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class WorkerPool:

@@ -44,7 +44,7 @@ def answer(task_id: str) -> Any:
 
 
 def test_backend_killed_mid_transaction_is_retried_once(chaos_worker: WorkerPool) -> None:
-    control.arm("after_effect", "p1", "hold:2")
+    control.arm("after_effect", "p1", "hold:5")
     task_id = str(uuid.uuid4())
     chaos_effect.apply_async((1,), {"idempotency_key": "p1"}, task_id=task_id)
     backend = int(
