@@ -25,23 +25,6 @@ from tests.helpers import wait_for
 
 T = TypeVar("T")
 
-# Clock jump emulation: libfaketime crashes Debian's redis-server 7.0, so expire every lock at once.
-_EXPIRE_LOCKS = """
-local n = 0
-for _, name in ipairs(redis.call("keys", ARGV[1])) do
-    redis.call("pexpire", name, 1)
-    n = n + 1
-end
-return n
-"""
-_DELETE_STORM = """
-local n = 0
-for _, name in ipairs(redis.call("keys", "storm:*")) do
-    n = n + redis.call("unlink", name)
-end
-return n
-"""
-
 
 class Context:
     """What the injectors act on, and what they write down for the checker."""
@@ -254,18 +237,9 @@ def eviction(ctx: Context, fault: Fault) -> None:
     """R5: maxmemory 2mb, allkeys-random, and a flood of keys evicts the locks."""
     hold(ctx, fault.key, 4)
     with ctx.redis_faults:
-        client = ctx.lock_redis.client(30)
-        before = int(client.info("stats")["evicted_keys"])
-        client.config_set("maxmemory-policy", "allkeys-random")
-        client.config_set("maxmemory", "2mb")
-        client.execute_command("DEBUG", "POPULATE", 50_000, "storm", 64)  # type: ignore[no-untyped-call]
-        for _ in range(20):
-            client.set("storm:tick", "x" * 1024)  # every command evicts until memory fits
-            time.sleep(0.1)
-        evicted = int(client.info("stats")["evicted_keys"]) - before
+        evicted = ctx.lock_redis.storm()
         note = duplicate(ctx, fault.key)
-        client.config_set("maxmemory", "0")
-        client.eval(_DELETE_STORM, 0)
+        ctx.lock_redis.calm()
     ctx.done("eviction", f"{evicted} keys evicted; {note}")
 
 
@@ -273,7 +247,7 @@ def clock_jump(ctx: Context, fault: Fault) -> None:
     """R7: every lock key expires at once, as if the Redis clock jumped forward."""
     hold(ctx, fault.key, 3)
     with ctx.redis_faults:
-        expired = ctx.lock_redis.client().eval(_EXPIRE_LOCKS, 0, "django_idempotent_tasks:lock:*")
+        expired = ctx.lock_redis.expire_locks()
         time.sleep(0.01)
         note = duplicate(ctx, fault.key)
     ctx.done("clock_jump", f"{expired} lock keys expired; {note}")

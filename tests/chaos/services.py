@@ -10,11 +10,29 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import redis
 
 from tests.helpers import Worker, wait_for
+
+# Clock jump emulation: libfaketime crashes Debian's redis-server 7.0, so expire every lock at once.
+_EXPIRE_LOCKS = """
+local n = 0
+for _, name in ipairs(redis.call("keys", ARGV[1])) do
+    redis.call("pexpire", name, 1)
+    n = n + 1
+end
+return n
+"""
+_DELETE_STORM = """
+local n = 0
+for _, name in ipairs(redis.call("keys", "storm:*")) do
+    n = n + redis.call("unlink", name)
+end
+return n
+"""
 
 
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
@@ -64,6 +82,28 @@ class LockRedis:
         assert self.process is not None
         self.process.wait(timeout=30)
         self.start()
+
+    def storm(self) -> int:
+        """R5: maxmemory 2mb, allkeys-random and a flood of keys; returns how many were evicted."""
+        client = self.client(30)
+        before = int(client.info("stats")["evicted_keys"])
+        client.config_set("maxmemory-policy", "allkeys-random")
+        client.config_set("maxmemory", "2mb")
+        client.execute_command("DEBUG", "POPULATE", 50_000, "storm", 64)  # type: ignore[no-untyped-call]
+        for _ in range(20):
+            client.set("storm:tick", "x" * 1024)  # every command evicts until memory fits
+            time.sleep(0.1)
+        return int(client.info("stats")["evicted_keys"]) - before
+
+    def calm(self) -> None:
+        """End the storm: no memory limit, no flood keys."""
+        client = self.client(30)
+        client.config_set("maxmemory", "0")
+        client.eval(_DELETE_STORM, 0)
+
+    def expire_locks(self) -> int:
+        """R7: expire every lock key at once; returns how many there were."""
+        return int(self.client().eval(_EXPIRE_LOCKS, 0, "django_idempotent_tasks:lock:*"))
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:
