@@ -45,3 +45,15 @@ purge-timing: venv
 .PHONY: screenshots
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
 	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
+
+.PHONY: chaos soak
+
+# Tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run.
+chaos: venv
+	@scripts/check_services.sh
+	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
+# Tier 2: 10,000 deliveries, with restarts of a private PostgreSQL cluster on port 5434.
+soak: venv
+	@NEED_POSTGRES=0 scripts/check_services.sh
+	scripts/soak.sh $(PYTEST_ARGS)

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from django.db import connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
 from django_idempotent_tasks import keys, signals, store
@@ -72,6 +73,16 @@ def deliver(delivery: Delivery, body: Body, requeue: Callable[[], NoReturn]) -> 
             action = "wait" if delivery.eager and delivery.on_conflict == "retry" else delivery.on_conflict
             delivery.send(signals.lock_conflict, action=action)
         except LockUnavailable:
+            requeue()
+        except (OperationalError, InterfaceError) as exc:
+            # The connection broke (backend terminated, server restarted): whatever ran under it
+            # rolled back, so send the delivery again instead of acking it as a failure. Close the
+            # broken connection, or every later task of this process would fail on it too.
+            logger.warning("%s lost its database connection: %r; sending it again.", delivery.label, exc)
+            with contextlib.suppress(DatabaseError):
+                connections[store.database()].close()
+            if delivery.eager:
+                raise
             requeue()
         logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
         if action == "raise":
