@@ -13,10 +13,15 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     parser.add_argument("--sections", default="overhead,e2e,scale", help="Sections to run (default: all).")
-    parser.add_argument("--calls", type=int, default=2000, help="Calls per path in section 1 (default: 2000).")
+    parser.add_argument(
+        "--calls", type=int, default=2000, help="Calls per path in section 1 (default: 2000)."
+    )
     args = parser.parse_args(argv)
-    from benchmarks import celery_app  # noqa: F401  (django.setup() and the tasks)
-    from benchmarks import overhead, report
+    from benchmarks import (
+        celery_app,  # noqa: F401  (django.setup() and the tasks)
+        overhead,
+        report,
+    )
 
     print(f"# django-idempotent-tasks benchmarks\n\n{report.machine()}\n{report.versions()}\n")
     started = time.monotonic()

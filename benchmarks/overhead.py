@@ -26,7 +26,9 @@ def prepare() -> None:
     """Migrate, create the floor's table and start from no records and no locks."""
     call_command("migrate", verbosity=0)
     with connection.cursor() as cursor:
-        cursor.execute("CREATE TABLE IF NOT EXISTS bench_floor (id bigserial PRIMARY KEY, payload text NOT NULL)")
+        cursor.execute(
+            "CREATE TABLE IF NOT EXISTS bench_floor (id bigserial PRIMARY KEY, payload text NOT NULL)"
+        )
         cursor.execute(f"TRUNCATE bench_floor, {RECORDS}")
     lock_client().flushdb()
 
@@ -86,7 +88,9 @@ def paths() -> list[Path]:
 
     return [
         Path("replay", lambda: idempotent("replay", False, idempotency_key="replay"), 1.2),
-        Path("first execution", lambda: idempotent("u", False, idempotency_key=f"first-{next(counter)}"), 1.2),
+        Path(
+            "first execution", lambda: idempotent("u", False, idempotency_key=f"first-{next(counter)}"), 1.2
+        ),
         Path(
             "first execution, atomic",
             lambda: idempotent_atomic("u", False, idempotency_key=f"atomic-{next(counter)}"),
@@ -155,15 +159,19 @@ def _tables(
                 f"≤ {path.target}× {verdict}" if path.target else "",
             )
         )
-    return report.table(
-        f"1a. Physical floor ({calls} calls each, {load})",
-        ["round trip", "p50", "p95"],
-        floor_rows,
-    ) + "\n" + report.table(
-        "1b. Our paths against the sum of their own round trips",
-        ["path", "p50", "p95", "round trips", "floor p50", "×floor p50", "×floor p95", "target"],
-        rows,
-        note="The floor of a path is the sum of its measured round trips (reads at the SELECT floor, "
-        "commits at the INSERT + COMMIT floor, Redis commands at the PING floor). Direct calls "
-        "(`task(...)`), which run IdempotentTask.__call__ exactly as a worker does.",
+    return (
+        report.table(
+            f"1a. Physical floor ({calls} calls each, {load})",
+            ["round trip", "p50", "p95"],
+            floor_rows,
+        )
+        + "\n"
+        + report.table(
+            "1b. Our paths against the sum of their own round trips",
+            ["path", "p50", "p95", "round trips", "floor p50", "×floor p50", "×floor p95", "target"],
+            rows,
+            note="The floor of a path is the sum of its measured round trips (reads at the SELECT floor, "
+            "commits at the INSERT + COMMIT floor, Redis commands at the PING floor). Direct calls "
+            "(`task(...)`), which run IdempotentTask.__call__ exactly as a worker does.",
+        )
     )

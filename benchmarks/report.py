@@ -22,7 +22,7 @@ def median(values: Sequence[float]) -> float:
 
 def load() -> str:
     """The 1, 5 and 15 minute load averages, to print next to the figures they may distort."""
-    return "load %.2f %.2f %.2f" % os.getloadavg()
+    return "load {:.2f} {:.2f} {:.2f}".format(*os.getloadavg())
 
 
 def us(seconds: float) -> str:
@@ -50,7 +50,16 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]], n
 
 def versions() -> str:
     """Python, Django, Celery, the peers, PostgreSQL-client and Redis-client versions of this run."""
-    names = ["django", "celery", "kombu", "redis", "django-redis", "psycopg", "celery-once", "celery-singleton"]
+    names = [
+        "django",
+        "celery",
+        "kombu",
+        "redis",
+        "django-redis",
+        "psycopg",
+        "celery-once",
+        "celery-singleton",
+    ]
     found = []
     for name in names:
         try:

@@ -27,9 +27,8 @@ class RoundTrips:
         return self.reads + self.commits
 
     def describe(self) -> str:
-        return (
-            f"{self.database} PG ({self.commits} commit) + {len(self.redis)} Redis"
-            + (f" ({', '.join(self.redis)})" if self.redis else "")
+        return f"{self.database} PG ({self.commits} commit) + {len(self.redis)} Redis" + (
+            f" ({', '.join(self.redis)})" if self.redis else ""
         )
 
 
