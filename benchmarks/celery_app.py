@@ -10,7 +10,7 @@ from celery import Celery
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 django.setup()
 
-from django.conf import settings  # noqa: E402
+from benchmarks import settings  # noqa: E402  (our own URLs, not Django's settings object)
 
 app = Celery("benchmarks")
 app.config_from_object("django.conf:settings", namespace="CELERY")

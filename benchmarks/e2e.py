@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
-from django.conf import settings
 
-from benchmarks import report, systems
+from benchmarks import report, settings, systems
 from benchmarks.celery_app import app
 from benchmarks.workers import IDLE_QUEUE, QUEUE, Worker
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import redis
 from celery import shared_task
-from celery_once import QueueOnce
-from celery_singleton import Singleton
-from django.conf import settings
+from celery_once import QueueOnce  # type: ignore[import-untyped]
+from celery_singleton import Singleton  # type: ignore[import-untyped]
 
+from benchmarks import settings
 from django_idempotent_tasks.tasks import IdempotentTask
 
 WORK_SECONDS = 0.005
