@@ -101,11 +101,15 @@ def paths() -> list[Path]:
     ]
 
 
-def sample(call: Callable[[], object], count: int, into: list[float]) -> None:
+def sample(call: Callable[[], object], count: int, into: list[float], cpu: list[float] | None = None) -> None:
+    """Append the wall time of ``count`` calls to ``into``, and their CPU time (all threads) to ``cpu``."""
+    started = time.process_time()
     for _ in range(count):
         start = time.perf_counter()
         call()
         into.append(time.perf_counter() - start)
+    if cpu is not None:
+        cpu.append((time.process_time() - started) / count)
 
 
 def run(calls: int, rounds: int = 10) -> str:
@@ -113,27 +117,36 @@ def run(calls: int, rounds: int = 10) -> str:
     prepare()
     measured = [*floors(), *paths()]
     samples: dict[str, list[float]] = {path.name: [] for path in measured}
+    cpu: dict[str, list[float]] = {path.name: [] for path in measured}
     before = report.load()
     for path in measured:
         sample(path.call, max(20, calls // 20), [])  # warm connections, caches and prepared plans
     for _ in range(rounds):
         for path in measured:
-            sample(path.call, max(1, calls // rounds), samples[path.name])
+            sample(path.call, max(1, calls // rounds), samples[path.name], cpu[path.name])
     after = report.load()
     trips: dict[str, RoundTrips] = {}
     for path in measured[3:]:
         with counting() as counts:
             path.call()
         trips[path.name] = counts
-    return _tables(measured, samples, trips, calls, f"{before} before, {after} after")
+    cpu_per_call = {name: report.median(values) for name, values in cpu.items()}
+    return _tables(measured, samples, cpu_per_call, trips, calls, f"{before} before, {after} after")
 
 
 def _tables(
-    measured: list[Path], samples: dict[str, list[float]], trips: dict[str, RoundTrips], calls: int, load: str
+    measured: list[Path],
+    samples: dict[str, list[float]],
+    cpu: dict[str, float],
+    trips: dict[str, RoundTrips],
+    calls: int,
+    load: str,
 ) -> str:
     p50 = {name: report.percentile(values, 0.5) for name, values in samples.items()}
     p95 = {name: report.percentile(values, 0.95) for name, values in samples.items()}
-    floor_rows = [(p.name, report.us(p50[p.name]), report.us(p95[p.name])) for p in measured[:3]]
+    floor_rows = [
+        (p.name, report.us(p50[p.name]), report.us(p95[p.name]), report.us(cpu[p.name])) for p in measured[:3]
+    ]
     rows = []
     for path in measured[3:]:
         counts = trips[path.name]
@@ -154,6 +167,7 @@ def _tables(
                 report.us(p95[path.name]),
                 counts.describe(),
                 report.us(floor(p50)),
+                report.us(cpu[path.name]),
                 report.ratio(ratio50),
                 report.ratio(ratio95),
                 f"≤ {path.target}× {verdict}" if path.target else "",
@@ -162,16 +176,28 @@ def _tables(
     return (
         report.table(
             f"1a. Physical floor ({calls} calls each, {load})",
-            ["round trip", "p50", "p95"],
+            ["round trip", "p50", "p95", "CPU/call"],
             floor_rows,
         )
         + "\n"
         + report.table(
             "1b. Our paths against the sum of their own round trips",
-            ["path", "p50", "p95", "round trips", "floor p50", "×floor p50", "×floor p95", "target"],
+            [
+                "path",
+                "p50",
+                "p95",
+                "round trips",
+                "floor p50",
+                "CPU/call",
+                "×floor p50",
+                "×floor p95",
+                "target",
+            ],
             rows,
             note="The floor of a path is the sum of its measured round trips (reads at the SELECT floor, "
             "commits at the INSERT + COMMIT floor, Redis commands at the PING floor). Direct calls "
-            "(`task(...)`), which run IdempotentTask.__call__ exactly as a worker does.",
+            "(`task(...)`), which run IdempotentTask.__call__ exactly as a worker does. CPU/call is the "
+            "process time of the calls (every thread), the part of the wall time spent in Python rather "
+            "than waiting for a server.",
         )
     )
