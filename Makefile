@@ -57,3 +57,14 @@ chaos: venv
 soak: venv
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	scripts/soak.sh $(PYTEST_ARGS)
+
+# Benchmarks (not part of `make test`): the peers come from PyPI as the `bench` extra.
+# BENCH_ARGS scales them, e.g. BENCH_ARGS="--tasks 3000 --runs 5"; see BENCHMARKS.md.
+BENCH_ARGS ?=
+
+.PHONY: bench
+bench:
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet -e ".[bench]"
+	@scripts/check_services.sh
+	$(BIN)/python -m benchmarks $(BENCH_ARGS)

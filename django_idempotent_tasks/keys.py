@@ -36,10 +36,11 @@ def validate_key(key: object) -> str:
 
 def bind_arguments(run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Map a call's arguments onto the names of ``run``'s parameters, defaults applied."""
-    bound = inspect.signature(run).bind_partial(*args, **kwargs)
+    signature = inspect.signature(run)
+    bound = signature.bind_partial(*args, **kwargs)
     bound.apply_defaults()
     arguments = dict(bound.arguments)
-    for name, param in inspect.signature(run).parameters.items():
+    for name, param in signature.parameters.items():
         if param.kind is inspect.Parameter.VAR_KEYWORD and name in arguments:
             arguments.update(arguments.pop(name))
     return arguments

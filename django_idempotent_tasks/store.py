@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import traceback
 from contextlib import AbstractContextManager, nullcontext
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.db import IntegrityError, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -40,9 +41,18 @@ def records() -> Any:
 
 def lookup(scope: str, key: str) -> IdempotencyRecord | None:
     """The record of a scoped key (one indexed SELECT), or None."""
-    # No ORDER BY (``first()`` would add one on the pk): the unique (scope, key) index answers.
-    found = list(records().filter(scope=scope, key=key)[:1])
-    return found[0] if found else None
+    # Every replay is this one query: raw SQL skips the ORM's per-call compilation (and first()'s
+    # ORDER BY), which cost more than the round trip itself (see BENCHMARKS.md).
+    alias = database()
+    return next(iter(records().raw(_lookup_sql(alias), [scope, key])), None)
+
+
+@functools.cache
+def _lookup_sql(alias: str) -> str:
+    meta, quote = IdempotencyRecord._meta, connections[alias].ops.quote_name
+    columns = {field.name: quote(field.column or field.name) for field in meta.concrete_fields}
+    scope, key = columns["scope"], columns["key"]
+    return f"SELECT * FROM {quote(meta.db_table)} WHERE {scope} = %s AND {key} = %s"
 
 
 def _savepoint() -> AbstractContextManager[Any]:

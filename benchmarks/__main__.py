@@ -1,0 +1,67 @@
+"""``python -m benchmarks``: run the sections and print their tables (see BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    parser.add_argument("--sections", default="overhead,e2e,scale", help="Sections to run (default: all).")
+    parser.add_argument(
+        "--calls", type=int, default=1000, help="Calls per path in section 1 (default: 1000)."
+    )
+    parser.add_argument(
+        "--tasks", type=int, default=1000, help="Messages per system and run, no-op workload (default: 1000)."
+    )
+    parser.add_argument(
+        "--work-tasks",
+        type=int,
+        default=400,
+        help="Messages per system and run, 5 ms workload (default: 400).",
+    )
+    parser.add_argument("--runs", type=int, default=3, help="Interleaved runs of every system (default: 3).")
+    parser.add_argument(
+        "--records",
+        default="0,100000,1000000",
+        help="Table sizes of section 3 (default: 0,100000,1000000).",
+    )
+    parser.add_argument(
+        "--scale-calls", type=int, default=500, help="Calls per size in section 3 (default: 500)."
+    )
+    parser.add_argument("--purge", type=int, default=100_000, help="Expired rows to purge (default: 100000).")
+    parser.add_argument(
+        "--memory-tasks", type=int, default=3000, help="Tasks run by the measured worker (default: 3000)."
+    )
+    args = parser.parse_args(argv)
+    from benchmarks import (
+        celery_app,  # noqa: F401  (django.setup() and the tasks)
+        e2e,
+        overhead,
+        report,
+        scale,
+    )
+
+    print(f"# django-idempotent-tasks benchmarks\n\n{report.machine()}\n{report.versions()}\n")
+    started = time.monotonic()
+    sections = args.sections.split(",")
+    if "overhead" in sections:
+        print(overhead.run(args.calls), flush=True)
+    if "e2e" in sections:
+        print(e2e.run(args.tasks, args.work_tasks, args.runs), flush=True)
+    if "scale" in sections:
+        levels = [int(level) for level in args.records.split(",")]
+        print(scale.latency(levels, args.scale_calls), flush=True)
+        print(scale.purge(args.purge), flush=True)
+        print(scale.memory(args.memory_tasks), flush=True)
+    print(f"Finished in {time.monotonic() - started:.0f} s; {report.load()}.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
