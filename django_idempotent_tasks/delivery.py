@@ -195,7 +195,7 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
         )
     idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes)
     heartbeat = Heartbeat(delivery.lock_ttl / 3, lambda: renew(delivery, claim, lock, heartbeat))
-    heartbeat.start()
+    heartbeat.begin()
     try:
         if delivery.atomic:
             with transaction.atomic(using=store.database()):
