@@ -36,3 +36,22 @@ demo: venv
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	$(BIN)/python example_project/manage.py migrate --verbosity 0
 	$(BIN)/python example_project/manage.py demo
+
+# The support matrix (tox.ini): the Pythons come from pyenv, put first on PATH for tox to find.
+PYENV_ROOT ?= $(HOME)/.pyenv
+empty :=
+space := $(empty) $(empty)
+MATRIX_PATH := $(subst $(space),:,$(wildcard $(PYENV_ROOT)/versions/3.1[0-3].*/bin))
+TOX := PATH="$(MATRIX_PATH):$$PATH" $(BIN)/tox
+EDGE_LEGS := py310-django42-celery54,py313-django61-celery57
+TOX_ARGS ?=
+
+.PHONY: matrix matrix-edges dist dist-check
+
+matrix: venv
+	@scripts/check_services.sh
+	$(TOX) $(TOX_ARGS)
+
+matrix-edges: venv
+	@scripts/check_services.sh
+	$(TOX) -e $(EDGE_LEGS) $(TOX_ARGS)
