@@ -72,10 +72,7 @@ def deliver(delivery: Delivery, body: Body, requeue: Callable[[], NoReturn]) -> 
             action = "wait" if delivery.eager and delivery.on_conflict == "retry" else delivery.on_conflict
             delivery.send(signals.lock_conflict, action=action)
         except LockUnavailable:
-            if delivery.eager:
-                action = "wait"
-            else:
-                requeue()
+            requeue()
         logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
         if action == "raise":
             raise TaskInProgress(f"{delivery.label} is being executed by another delivery.")
@@ -150,12 +147,18 @@ def settled(delivery: Delivery, record: IdempotencyRecord) -> tuple[Any] | None:
 
 
 def acquire(delivery: Delivery, lock: RedisLock) -> bool:
-    """Take the Redis lock; raises Busy if another delivery has it."""
+    """Take the Redis lock (True); raises Busy if another delivery has it.
+
+    When Redis cannot be asked, a worker re-queues the delivery; an eager call has nobody to
+    re-queue it and goes on under the database lease alone (False).
+    """
     try:
         if lock.acquire():
             return True
     except RedisError as exc:
         logger.warning("%s could not ask Redis for its lock: %r.", delivery.label, exc)
+        if delivery.eager:
+            return False
         raise LockUnavailable from exc
     raise Busy
 

@@ -79,6 +79,9 @@ class IdempotentTask(Base):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        source = cls.__dict__.get("idempotency_key")
+        if inspect.isfunction(source):
+            cls.idempotency_key = staticmethod(source)  # a callable key source is not a method
         header = cls.__dict__.get("__header__")
         if header is not None:
             cls.__header__ = staticmethod(_accepting_key(header.__func__))  # type: ignore[attr-defined]

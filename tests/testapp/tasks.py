@@ -10,12 +10,13 @@ from celery import shared_task
 from celery.signals import task_postrun
 
 from django_idempotent_tasks.tasks import IdempotentTask
-from tests.testapp.faults import reached
+from tests.testapp.faults import control, reached
 from tests.testapp.models import Effect
 
 
 def effect(task: Any, value: Any) -> dict[str, Any]:
     idem = task.idempotency
+    control().set(f"pid:{idem.key}", os.getpid())
     Effect.objects.create(
         key=idem.key, task=task.name, pid=os.getpid(), fence=idem.fence, recovered=idem.recovered
     )
@@ -39,8 +40,9 @@ def atomic_effect(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
 
 @shared_task(base=IdempotentTask, bind=True, lock_ttl=2, ignore_result=True)
 def short_lease(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    result = effect(self, value)
     time.sleep(sleep)
-    return effect(self, value)
+    return result
 
 
 @shared_task(base=IdempotentTask, bind=True, lock_ttl=2, atomic=True, ignore_result=True)
@@ -145,3 +147,27 @@ def concurrent_effect(self: Any, value: Any, sleep: float = 0.5) -> dict[str, An
     result = effect(self, value)
     time.sleep(sleep)
     return result
+
+
+@shared_task(base=IdempotentTask, bind=True, max_retries=0)
+def no_retries(self: Any, sleep: float) -> dict[str, Any]:
+    result = effect(self, sleep)
+    time.sleep(sleep)
+    return {**result, "retries": self.request.retries}
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def with_steps(self: Any, order_id: int, fail_after_charge: bool = False) -> dict[str, Any]:
+    charge = self.idempotency.step("charge", lambda: effect(self, f"charge-{order_id}"))
+    reached("after_charge_step", self.idempotency.key)
+    if fail_after_charge and self.idempotency.attempt == 1:
+        raise ConnectionError("confirmation timed out")
+    with self.idempotency.step("notify") as step:
+        if not step.done:
+            step.result = effect(self, f"notify-{order_id}")
+    return {"charge": charge, "notify": step.result}
+
+
+@shared_task(base=IdempotentTask, bind=True, atomic=True, on_conflict="raise")
+def atomic_raising(self: Any, value: Any) -> dict[str, Any]:
+    return effect(self, value)
