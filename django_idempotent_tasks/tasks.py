@@ -140,7 +140,9 @@ class IdempotentTask(Base):
         key = self.resolve_key(args, kwargs)
         kwargs = {**kwargs, KEY_ARGUMENT: key}
         _task_stack.push(self)
-        self.push_request(args=args, kwargs=kwargs)
+        # Keep the request the worker (or apply()) pushed: its id, retries and delivery info. Celery
+        # 5.5+ merges it in push_request; Celery 5.4 would push a bare one, as if called directly.
+        self.push_request(**{**vars(self.request), "args": args, "kwargs": kwargs})
         running = _Running(self, self.request.id)
         _stack().append(running)
         try:
