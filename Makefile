@@ -55,3 +55,12 @@ matrix: venv
 matrix-edges: venv
 	@scripts/check_services.sh
 	$(TOX) -e $(EDGE_LEGS) $(TOX_ARGS)
+
+# Packaging: an sdist and a wheel in dist/, then their checks (twine, contents, a clean install).
+dist: venv
+	rm -rf dist build
+	$(BIN)/python -m build --outdir dist .
+
+dist-check: dist
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python scripts/check_dist.py dist
