@@ -28,15 +28,19 @@ def main(version: str) -> None:
 
     django.setup()
 
-    import django_idempotent_tasks
     from django.core.management import call_command
 
+    import django_idempotent_tasks
     from django_idempotent_tasks import tasks, testing
     from django_idempotent_tasks.models import IdempotencyRecord
 
     location = Path(django_idempotent_tasks.__file__).resolve()
     assert location.is_relative_to(Path(sys.prefix).resolve()), f"imported from {location}, not the venv"
-    assert django_idempotent_tasks.__version__ == version == importlib.metadata.version("django-idempotent-tasks")
+    assert (
+        django_idempotent_tasks.__version__
+        == version
+        == importlib.metadata.version("django-idempotent-tasks")
+    )
     assert (location.parent / "py.typed").is_file()
     assert tasks.IdempotentTask.abstract and callable(testing.assert_runs_once)
 
@@ -44,7 +48,9 @@ def main(version: str) -> None:
     call_command("migrate", verbosity=0)
     call_command("makemigrations", "django_idempotent_tasks", check_changes=True, dry_run=True, verbosity=0)
     assert IdempotencyRecord.objects.count() == 0
-    print(f"django-idempotent-tasks {version} installs, imports, checks and migrates (Django {django.__version__}).")
+    print(
+        f"django-idempotent-tasks {version} installs, imports, checks and migrates (Django {django.__version__})."
+    )
 
 
 if __name__ == "__main__":

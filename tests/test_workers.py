@@ -25,7 +25,8 @@ def record(key: str) -> IdempotencyRecord | None:
 
 def finished(key: str, status: str = "SUCCEEDED") -> IdempotencyRecord:
     return wait_for(
-        lambda: IdempotencyRecord.objects.filter(key=key, status=status).first(), timeout=90,
+        lambda: IdempotencyRecord.objects.filter(key=key, status=status).first(),
+        timeout=90,
         what=f"{key} to be {status}",
     )
 
@@ -79,8 +80,11 @@ def test_renewal_keeps_a_short_lock_through_a_long_body(running_workers: list[Wo
     tasks.short_lease.delay(5, 5, idempotency_key="w7")
     done = finished("w7")
     assert done.fence == 1
-    wait_for(lambda: logged(running_workers, f"{tasks.short_lease.name}[w7] already succeeded"), timeout=60,
-             what="the duplicate to replay")
+    wait_for(
+        lambda: logged(running_workers, f"{tasks.short_lease.name}[w7] already succeeded"),
+        timeout=60,
+        what="the duplicate to replay",
+    )
     assert Effect.objects.filter(key="w7").count() == 1
 
 
@@ -92,8 +96,11 @@ def test_losing_the_redis_lock_mid_run_leaves_the_database_lease_in_charge(
     lock_redis.flushdb()
     tasks.record_effect.delay(1, 4, idempotency_key="flushed")
     finished("flushed")
-    wait_for(lambda: logged(running_workers, f"{tasks.record_effect.name}[flushed] already succeeded"),
-             timeout=60, what="the duplicate to replay")
+    wait_for(
+        lambda: logged(running_workers, f"{tasks.record_effect.name}[flushed] already succeeded"),
+        timeout=60,
+        what="the duplicate to replay",
+    )
     assert Effect.objects.filter(key="flushed").count() == 1
     assert logged(running_workers, f"{tasks.record_effect.name}[flushed] is held by another delivery")
 
@@ -109,8 +116,11 @@ def test_a_paused_atomic_holder_loses_its_lease_and_its_writes(running_workers: 
         done = finished("w6")
     finally:
         os.kill(pid, signal.SIGCONT)
-    wait_for(lambda: logged(running_workers, f"{tasks.short_lease_atomic.name}[w6] lost its lease (fence 1)"),
-             timeout=60, what="the paused holder to find its lease lost")
+    wait_for(
+        lambda: logged(running_workers, f"{tasks.short_lease_atomic.name}[w6] lost its lease (fence 1)"),
+        timeout=60,
+        what="the paused holder to find its lease lost",
+    )
     assert done.fence == 2
     assert list(Effect.objects.filter(key="w6").values_list("fence", flat=True)) == [2]
 
@@ -143,8 +153,11 @@ def test_a_poison_task_fails_for_good_after_max_attempts(running_workers: list[W
     assert done.error is not None and done.error["type"] == "AttemptsExhausted"
     assert Effect.objects.filter(key="poison").count() == 2
     broker = redis.Redis.from_url(os.environ.get("IDEMPOTENT_TESTS_BROKER_URL", "") or _broker_url())
-    wait_for(lambda: broker.llen("celery") == 0 and broker.hlen("unacked") == 0, timeout=60,
-             what="the poison message to leave the broker")
+    wait_for(
+        lambda: broker.llen("celery") == 0 and broker.hlen("unacked") == 0,
+        timeout=60,
+        what="the poison message to leave the broker",
+    )
 
 
 def _broker_url() -> str:
