@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis
+from django.conf import settings
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
@@ -24,11 +25,12 @@ def record(key: str) -> IdempotencyRecord | None:
 
 
 def finished(key: str, status: str = "SUCCEEDED") -> IdempotencyRecord:
-    return wait_for(
+    done: IdempotencyRecord = wait_for(
         lambda: IdempotencyRecord.objects.filter(key=key, status=status).first(),
         timeout=90,
         what=f"{key} to be {status}",
     )
+    return done
 
 
 def logged(workers: list[Worker], text: str) -> bool:
@@ -152,7 +154,7 @@ def test_a_poison_task_fails_for_good_after_max_attempts(running_workers: list[W
     done = finished("poison", status="FAILED")
     assert done.error is not None and done.error["type"] == "AttemptsExhausted"
     assert Effect.objects.filter(key="poison").count() == 2
-    broker = redis.Redis.from_url(os.environ.get("IDEMPOTENT_TESTS_BROKER_URL", "") or _broker_url())
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     wait_for(
         lambda: broker.llen("celery") == 0 and broker.hlen("unacked") == 0,
         timeout=60,
@@ -160,15 +162,17 @@ def test_a_poison_task_fails_for_good_after_max_attempts(running_workers: list[W
     )
 
 
-def _broker_url() -> str:
-    from django.conf import settings
-
-    return str(settings.CELERY_BROKER_URL)
-
-
 def test_lock_names_in_redis_are_hashed(running_workers: list[Worker], lock_redis: redis.Redis) -> None:
     tasks.short_lease.delay(1, 3, idempotency_key="customer@example.com")
     body_pid("customer@example.com")
-    names = [name.decode() for name in lock_redis.keys("*")]
+    names = [name.decode() if isinstance(name, bytes) else name for name in lock_redis.keys("*")]
     assert names == [keys.lock_name(tasks.short_lease.name, "customer@example.com")]
     finished("customer@example.com")
+
+
+def test_a_hard_time_limit_frees_the_key_for_the_next_delivery(running_workers: list[Worker]) -> None:
+    tasks.too_slow.delay(idempotency_key="w8")
+    done = finished("w8", status="FAILED")
+    assert done.error is not None and done.error["type"] == "TimeLimitExceeded"
+    assert not done.lease_is_live
+    assert Effect.objects.filter(key="w8").count() == 1

@@ -17,6 +17,7 @@ from tests.testapp.models import Effect
 def effect(task: Any, value: Any) -> dict[str, Any]:
     idem = task.idempotency
     control().set(f"pid:{idem.key}", os.getpid())
+    control().incr(f"calls:{idem.key}")  # an external call: it survives a rollback
     Effect.objects.create(
         key=idem.key, task=task.name, pid=os.getpid(), fence=idem.fence, recovered=idem.recovered
     )
@@ -156,11 +157,25 @@ def no_retries(self: Any, sleep: float) -> dict[str, Any]:
     return {**result, "retries": self.request.retries}
 
 
-@shared_task(base=IdempotentTask, bind=True)
-def with_steps(self: Any, order_id: int, fail_after_charge: bool = False) -> dict[str, Any]:
+@shared_task(base=IdempotentTask, bind=True, atomic=True, on_conflict="raise")
+def atomic_raising(self: Any, value: Any) -> dict[str, Any]:
+    return effect(self, value)
+
+
+@shared_task(
+    base=IdempotentTask,
+    bind=True,
+    autoretry_for=(ConnectionError,),
+    max_retries=3,
+    default_retry_delay=0,
+    lock_ttl=3,
+    ignore_result=True,
+)
+def place_order(self: Any, order_id: int, failures: int = 0) -> dict[str, Any]:
+    """Charge, then confirm; the confirmation times out ``failures`` times."""
     charge = self.idempotency.step("charge", lambda: effect(self, f"charge-{order_id}"))
     reached("after_charge_step", self.idempotency.key)
-    if fail_after_charge and self.idempotency.attempt == 1:
+    if self.idempotency.attempt <= failures:
         raise ConnectionError("confirmation timed out")
     with self.idempotency.step("notify") as step:
         if not step.done:
@@ -168,6 +183,17 @@ def with_steps(self: Any, order_id: int, fail_after_charge: bool = False) -> dic
     return {"charge": charge, "notify": step.result}
 
 
-@shared_task(base=IdempotentTask, bind=True, atomic=True, on_conflict="raise")
-def atomic_raising(self: Any, value: Any) -> dict[str, Any]:
-    return effect(self, value)
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=2, ignore_result=True)
+def slow_step(self: Any, sleep: float) -> Any:
+    def charge() -> dict[str, Any]:
+        result = effect(self, "slow")
+        time.sleep(sleep)
+        return result
+
+    return self.idempotency.step("slow", charge)
+
+
+@shared_task(base=IdempotentTask, bind=True, time_limit=2, ignore_result=True)
+def too_slow(self: Any) -> None:
+    effect(self, None)
+    time.sleep(30)
