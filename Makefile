@@ -38,7 +38,7 @@ demo: venv
 	$(BIN)/python example_project/manage.py demo
 
 # The support matrix (tox.ini): the Pythons come from pyenv, put first on PATH for tox to find.
-PYENV_ROOT ?= $(HOME)/.pyenv
+PYENV_ROOT ?= $(or $(HOME),/root)/.pyenv
 empty :=
 space := $(empty) $(empty)
 MATRIX_PATH := $(subst $(space),:,$(wildcard $(PYENV_ROOT)/versions/3.1[0-3].*/bin))
