@@ -37,6 +37,27 @@ demo: venv
 	$(BIN)/python example_project/manage.py migrate --verbosity 0
 	$(BIN)/python example_project/manage.py demo
 
+# Not part of `make test`: purges 1,000,000 expired rows in its own database while another
+# process claims new keys, and prints rows/s and insert latencies. Takes a few minutes.
+purge-timing: venv
+	$(BIN)/python scripts/purge_timing.py
+
+.PHONY: screenshots
+screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
+	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
+
+.PHONY: chaos soak
+
+# Tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run.
+chaos: venv
+	@scripts/check_services.sh
+	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
+# Tier 2: 10,000 deliveries, with restarts of a private PostgreSQL cluster on port 5434.
+soak: venv
+	@NEED_POSTGRES=0 scripts/check_services.sh
+	scripts/soak.sh $(PYTEST_ARGS)
+
 # The support matrix (tox.ini): the Pythons come from pyenv, put first on PATH for tox to find.
 PYENV_ROOT ?= $(or $(HOME),/root)/.pyenv
 empty :=

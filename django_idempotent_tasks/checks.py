@@ -7,15 +7,33 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from redis.exceptions import RedisError
 
 from django_idempotent_tasks.conf import conf
 
 PREFIX = "django_idempotent_tasks"
+TAG = "django_idempotent_tasks"
 
 
 def register() -> None:
-    checks.register(check_settings)
-    checks.register(check_lock_cache)
+    from django_idempotent_tasks import celery_checks
+
+    checks.register(check_settings, TAG)
+    checks.register(check_lock_cache, TAG, checks.Tags.caches)
+    checks.register(check_lock_eviction, TAG, checks.Tags.caches, deploy=True)
+    checks.register(celery_checks.check_celery_app, TAG)
+
+
+def lock_cache() -> tuple[str, dict[str, Any]] | None:
+    """The alias and settings of the lock cache, if it is a valid django-redis cache."""
+    try:
+        alias = conf.CACHE
+    except ImproperlyConfigured:
+        return None
+    cache: Any = settings.CACHES.get(alias, {})
+    if not str(cache.get("BACKEND", "")).startswith("django_redis."):
+        return None
+    return alias, cache
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -28,19 +46,76 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckM
 
 
 def check_lock_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E001: IDEMPOTENT_TASKS_CACHE names a django-redis cache."""
+    """E001: IDEMPOTENT_TASKS_CACHE names a django-redis cache; W005: one with a socket timeout."""
     try:
         alias = conf.CACHE
     except ImproperlyConfigured:
         return []  # reported by E002
-    cache: Any = settings.CACHES.get(alias, {})
-    backend = str(cache.get("BACKEND", ""))
-    if not backend.startswith("django_redis."):
+    hint = (
+        'Add a cache with "BACKEND": "django_redis.cache.RedisCache" and name it in IDEMPOTENT_TASKS_CACHE.'
+    )
+    if alias not in settings.CACHES:
         return [
             checks.Error(
-                f"IDEMPOTENT_TASKS_CACHE is {alias!r}, which is not a django-redis cache (backend {backend!r}).",
-                hint='Add a cache with "BACKEND": "django_redis.cache.RedisCache" and name it in IDEMPOTENT_TASKS_CACHE.',
+                f"IDEMPOTENT_TASKS_CACHE is {alias!r}, but CACHES has no such cache.",
+                hint=hint,
                 id=f"{PREFIX}.E001",
             )
         ]
+    found = lock_cache()
+    if found is None:
+        cache: Any = settings.CACHES[alias]
+        backend = cache.get("BACKEND", "")
+        return [
+            checks.Error(
+                f"IDEMPOTENT_TASKS_CACHE is {alias!r}, which is not a django-redis cache (backend {backend!r}).",
+                hint=hint,
+                id=f"{PREFIX}.E001",
+            )
+        ]
+    if found[1].get("OPTIONS", {}).get("SOCKET_TIMEOUT") is None:
+        return [
+            checks.Warning(
+                f"The lock cache {alias!r} has no SOCKET_TIMEOUT: when its Redis stops answering, "
+                "idempotent tasks hang on the lock instead of failing and being retried.",
+                hint=f'Add "SOCKET_TIMEOUT": 5 and "SOCKET_CONNECT_TIMEOUT": 5 to CACHES[{alias!r}]["OPTIONS"].',
+                id=f"{PREFIX}.W005",
+            )
+        ]
     return []
+
+
+def check_lock_eviction(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W007 (deploy): the lock Redis may not evict keys; asks the live Redis."""
+    found = lock_cache()
+    if found is None:
+        return []
+    alias = found[0]
+    from django_idempotent_tasks.locks import lock_client
+
+    try:
+        config = lock_client().config_get("maxmemory*")
+    except RedisError as exc:
+        return [
+            checks.Warning(
+                f"Could not read the maxmemory-policy of the lock Redis (cache {alias!r}): "
+                f"{str(exc).rstrip('.') or type(exc).__name__}. "
+                "This deploy check needs a live Redis.",
+                hint="Run check --deploy where the lock Redis answers, and make sure its maxmemory-policy "
+                "is noeviction.",
+                id=f"{PREFIX}.W007",
+            )
+        ]
+    policy = str(config.get("maxmemory-policy", "noeviction"))
+    maxmemory = int(config.get("maxmemory", 0))
+    if policy == "noeviction" or maxmemory == 0:
+        return []
+    return [
+        checks.Warning(
+            f"The lock Redis (cache {alias!r}) has maxmemory {maxmemory} with maxmemory-policy {policy}: "
+            "once full it evicts keys, locks included, and duplicate deliveries then rely on the "
+            "database lease alone. (Read from the live Redis by check --deploy.)",
+            hint="Set maxmemory-policy noeviction on the lock Redis, or give the locks a Redis of their own.",
+            id=f"{PREFIX}.W007",
+        )
+    ]

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
-from django.db import connections, transaction
+from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
 from django_idempotent_tasks import keys, signals, store
@@ -73,6 +74,16 @@ def deliver(delivery: Delivery, body: Body, requeue: Callable[[], NoReturn]) -> 
             delivery.send(signals.lock_conflict, action=action)
         except LockUnavailable:
             requeue()
+        except (OperationalError, InterfaceError) as exc:
+            # The connection broke (backend terminated, server restarted): whatever ran under it
+            # rolled back, so send the delivery again instead of acking it as a failure. Close the
+            # broken connection, or every later task of this process would fail on it too.
+            logger.warning("%s lost its database connection: %r; sending it again.", delivery.label, exc)
+            with contextlib.suppress(DatabaseError):
+                connections[store.database()].close()
+            if delivery.eager:
+                raise
+            requeue()
         logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
         if action == "raise":
             raise TaskInProgress(f"{delivery.label} is being executed by another delivery.")
@@ -99,7 +110,11 @@ def attempt(delivery: Delivery, body: Body) -> Any:
     try:
         claim = (
             store.take_over(
-                record, task_id=delivery.task_id, worker=worker_identity(), lease_seconds=delivery.lock_ttl
+                record,
+                task_id=delivery.task_id,
+                worker=worker_identity(),
+                lease_seconds=delivery.lock_ttl,
+                record_ttl=delivery.record_ttl,
             )
             if record is not None
             else store.insert(

@@ -40,7 +40,9 @@ def records() -> Any:
 
 def lookup(scope: str, key: str) -> IdempotencyRecord | None:
     """The record of a scoped key (one indexed SELECT), or None."""
-    return records().filter(scope=scope, key=key).first()  # type: ignore[no-any-return]
+    # No ORDER BY (``first()`` would add one on the pk): the unique (scope, key) index answers.
+    found = list(records().filter(scope=scope, key=key)[:1])
+    return found[0] if found else None
 
 
 def _savepoint() -> AbstractContextManager[Any]:
@@ -85,7 +87,9 @@ def insert(
     return Claim(record=record, fence=1, attempt=1, recovered=False)
 
 
-def take_over(record: IdempotencyRecord, *, task_id: str, worker: str, lease_seconds: int) -> Claim | None:
+def take_over(
+    record: IdempotencyRecord, *, task_id: str, worker: str, lease_seconds: int, record_ttl: int
+) -> Claim | None:
     """Claim a FAILED record or one whose lease expired; None if someone else moved it first."""
     now = timezone.now()
     claimable = Q(status=Status.FAILED) | Q(status=Status.IN_PROGRESS, lease_expires_at__lt=now)
@@ -99,6 +103,7 @@ def take_over(record: IdempotencyRecord, *, task_id: str, worker: str, lease_sec
         "started_at": now,
         "completed_at": None,
         "lease_expires_at": now + timedelta(seconds=lease_seconds),
+        "expires_at": now + timedelta(seconds=record_ttl),
     }
     if not records().filter(claimable, pk=record.pk, fence=record.fence).update(**changes):
         return None
@@ -218,13 +223,29 @@ def fail_task(scope: str, key: str, task_id: str, error: dict[str, str]) -> bool
     )
 
 
+def purgeable(queryset: Any) -> Any:
+    """``queryset`` without the IN_PROGRESS records whose lease is live: those are never purged."""
+    return queryset.exclude(status=Status.IN_PROGRESS, lease_expires_at__gte=timezone.now())
+
+
 def purge(queryset: Any, *, batch_size: int, progress: Any = None) -> int:
     """Delete the records of ``queryset`` in batches, one short transaction each; returns the count."""
-    deleted = 0
+    deleted, after = 0, None
     while True:
-        batch = list(queryset.order_by().values_list("pk", flat=True)[:batch_size])
+        page = purgeable(queryset).order_by("pk")
+        if after is not None:
+            # Walk forward by primary key: restarting from the top would rescan the dead rows of
+            # the batches already deleted, which makes a long purge quadratic.
+            page = page.filter(pk__gt=after)
+        batch = list(page.values_list("pk", flat=True)[:batch_size])
         if not batch:
             return deleted
-        deleted += records().filter(pk__in=batch).delete()[0]
+        after = batch[-1]
+        # One DELETE that re-checks the filters and the lease: a delivery may have taken a record
+        # over since the SELECT, and PostgreSQL re-evaluates the WHERE on the row it waited for.
+        # QuerySet.delete() would, with any pre/post_delete receiver connected, select first and
+        # then delete by pk only. Records have no reverse relations, so nothing cascades.
+        current = purgeable(queryset.order_by().filter(pk__in=batch))
+        deleted += current._raw_delete(current.db)
         if progress is not None:
             progress(deleted)

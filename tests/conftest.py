@@ -58,3 +58,10 @@ def running_workers(workers: list[Worker], worker_env: dict[str, str], transacti
         if worker.process is None or worker.process.poll() is not None:
             workers[n] = Worker(worker.name, worker_env).start()
     return workers
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Run the tests that need live workers last: until then nothing consumes the test broker."""
+    uses_workers = {id(item) for item in items if "workers" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: id(item) in uses_workers)

@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_idempotent_tasks",
     "tests.testapp",
+    "tests.chaosapp",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -82,6 +83,8 @@ CELERY_RESULT_BACKEND = os.environ.get("IDEMPOTENT_TESTS_RESULT_URL", f"{REDIS_U
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_DB_REUSE_MAX = 1000
+# The chaos suite's workers consume only their own queue, never the shared test workers'.
+CELERY_TASK_ROUTES = {"chaos.*": {"queue": "chaos"}}
 
 LOGGING = {
     "version": 1,

@@ -269,3 +269,12 @@ def test_redis_down_on_acquire_falls_back_to_the_database_lease_in_eager_mode(ca
         assert run(tasks.record_effect, 3, key="no-redis") == {"value": 3, "fence": 1}
     assert "could not ask Redis for its lock" in caplog.text
     assert Effect.objects.count() == 1
+
+
+def test_a_take_over_renews_the_records_retention() -> None:
+    record = stale_record(tasks.record_effect, "old", (1,), timedelta(seconds=-30))
+    IdempotencyRecord.objects.filter(pk=record.pk).update(expires_at=timezone.now() - timedelta(days=1))
+    run(tasks.record_effect, 1, key="old")
+    expires_at = IdempotencyRecord.objects.get().expires_at
+    assert expires_at is not None and expires_at > timezone.now() + timedelta(days=6)
+    assert not IdempotencyRecord.objects.expired().exists()

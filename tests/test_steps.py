@@ -5,14 +5,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Any
 
 import pytest
-from celery import shared_task
 
 from django_idempotent_tasks.exceptions import LeaseLost
 from django_idempotent_tasks.models import IdempotencyRecord
-from django_idempotent_tasks.tasks import IdempotentTask
 from tests.helpers import Worker, wait_for
 from tests.test_workers import body_pid, finished, logged
 from tests.testapp import tasks
@@ -50,39 +47,21 @@ class TestInProcess:
         assert list(Effect.objects.values_list("fence", flat=True)) == [1, 3]
 
     def test_a_step_result_that_cannot_be_stored_is_an_error_before_the_next_step(self) -> None:
-        @shared_task(base=IdempotentTask, bind=True, name="tests.unstorable_step")
-        def unstorable_step(self: Any) -> None:
-            self.idempotency.step("bad", lambda: object())
-            effect_after.append(True)
-
-        effect_after: list[bool] = []
         with pytest.raises(ValueError, match="Step 'bad' cannot be checkpointed. The result is not JSON"):
-            unstorable_step.apply((), {"idempotency_key": "bad"}, throw=True).get()
-        assert effect_after == []
+            tasks.unstorable_step.apply((), {"idempotency_key": "bad"}, throw=True).get()
+        assert not Effect.objects.exists()  # the step after the bad one never ran
         assert IdempotencyRecord.objects.get().steps == {}
 
     def test_a_context_step_must_set_its_result_and_rolls_back_its_writes_on_error(self) -> None:
-        @shared_task(base=IdempotentTask, bind=True, name="tests.forgetful_step")
-        def forgetful_step(self: Any, fail: bool) -> None:
-            with self.idempotency.step("write"):
-                Effect.objects.create(key="inside", task="step", pid=os.getpid())
-                if fail:
-                    raise RuntimeError("boom")
-
         with pytest.raises(RuntimeError, match="boom"):
-            forgetful_step.apply((True,), {"idempotency_key": "a"}, throw=True).get()
+            tasks.forgetful_step.apply((True,), {"idempotency_key": "a"}, throw=True).get()
         with pytest.raises(ValueError, match="finished without setting step.result"):
-            forgetful_step.apply((False,), {"idempotency_key": "b"}, throw=True).get()
+            tasks.forgetful_step.apply((False,), {"idempotency_key": "b"}, throw=True).get()
         assert not Effect.objects.exists()
 
     def test_a_stale_holder_cannot_checkpoint(self) -> None:
-        @shared_task(base=IdempotentTask, bind=True, name="tests.stale_step", on_conflict="raise")
-        def stale_step(self: Any) -> None:
-            IdempotencyRecord.objects.filter(key=self.idempotency.key).update(fence=99)
-            self.idempotency.step("late", lambda: 1)
-
         with pytest.raises(LeaseLost):
-            stale_step.apply((), {"idempotency_key": "stale"}, throw=True).get()
+            tasks.stale_step.apply((), {"idempotency_key": "stale"}, throw=True).get()
         assert IdempotencyRecord.objects.get().steps == {}
 
 

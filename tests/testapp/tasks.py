@@ -9,6 +9,7 @@ from typing import Any
 from celery import shared_task
 from celery.signals import task_postrun
 
+from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import IdempotentTask
 from tests.testapp.faults import control, reached
 from tests.testapp.models import Effect
@@ -197,3 +198,23 @@ def slow_step(self: Any, sleep: float) -> Any:
 def too_slow(self: Any) -> None:
     effect(self, None)
     time.sleep(30)
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def unstorable_step(self: Any) -> None:
+    self.idempotency.step("bad", lambda: object())
+    effect(self, "after the bad step")
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def forgetful_step(self: Any, fail: bool) -> None:
+    with self.idempotency.step("write"):
+        Effect.objects.create(key="inside", task="step", pid=os.getpid())
+        if fail:
+            raise RuntimeError("boom")
+
+
+@shared_task(base=IdempotentTask, bind=True, on_conflict="raise")
+def stale_step(self: Any) -> None:
+    IdempotencyRecord.objects.filter(key=self.idempotency.key).update(fence=99)
+    self.idempotency.step("late", lambda: 1)

@@ -1,0 +1,199 @@
+"""System checks of the Celery app that the idempotent tasks are bound to (never one we create)."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+from celery import _state
+from django.core import checks
+from django.utils.module_loading import autodiscover_modules
+
+from django_idempotent_tasks.checks import PREFIX, lock_cache
+from django_idempotent_tasks.conf import conf
+
+PICKLE = {"pickle", "application/x-python-serialize"}
+REDIS_SCHEMES = {"redis", "rediss", "unix", "redis+socket"}
+DEFAULT_VISIBILITY_TIMEOUT = 3600  # kombu's Redis transport
+
+
+def find_app() -> Any:
+    """Celery's current app, else the one app holding idempotent tasks, else the only app; or None."""
+    current = getattr(_state._tls, "current_app", None) or _state.default_app  # type: ignore[attr-defined]
+    if current is not None:
+        return current
+    apps = list(_state._get_active_apps())  # type: ignore[attr-defined]
+    bound = {task.app for app in apps for task in idempotent_tasks(app, finalize=False)}
+    if len(bound) == 1:
+        return bound.pop()
+    return apps[0] if len(apps) == 1 else None
+
+
+def idempotent_tasks(app: Any, finalize: bool = True) -> list[Any]:
+    """The idempotent tasks registered on ``app``, by name."""
+    # Only user code imports tasks; by now autodiscover_modules has imported it like any tasks module.
+    from django_idempotent_tasks.tasks import IdempotentTask
+
+    registry = app.tasks if finalize and (app.finalized or app.autofinalize) else app._tasks
+    return sorted((t for t in registry.values() if isinstance(t, IdempotentTask)), key=lambda t: t.name)
+
+
+def check_celery_app(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E003, W001 to W004 and W006: the Celery settings that the guarantee relies on."""
+    autodiscover_modules("tasks")  # what app.autodiscover_tasks() imports, so that every task is seen
+    app = find_app()
+    if app is None:
+        return []
+    tasks = idempotent_tasks(app)
+    return [
+        *_pickle(app),
+        *_late_ack(app, tasks, "acks_late", "task_acks_late", "W001", _ACKS_LATE),
+        *_late_ack(app, tasks, "reject_on_worker_lost", "task_reject_on_worker_lost", "W002", _REJECT),
+        *_visibility_timeout(app, tasks),
+        *(message for task in tasks for message in _time_limit(app, task)),
+        *_shared_redis(app),
+    ]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+def _effective(app: Any, task: Any, attribute: str, setting: str) -> Any:
+    value = getattr(task, attribute, None)
+    return app.conf[setting] if value is None else value
+
+
+def _pickle(app: Any) -> list[checks.CheckMessage]:
+    accepted = list(app.conf.accept_content or [])
+    if not PICKLE & set(accepted):
+        return []
+    return [
+        checks.Error(
+            f"The Celery app {app.main!r} accepts pickle (accept_content={accepted!r}): anyone who can "
+            "write to the broker can run code in the workers.",
+            hint='Set CELERY_ACCEPT_CONTENT = ["json"]; idempotent tasks send and store JSON only.',
+            id=f"{PREFIX}.E003",
+        )
+    ]
+
+
+_ACKS_LATE = "a worker that dies mid-task has already acknowledged the message, so the task is lost"
+_REJECT = "a worker process killed mid-task (SIGKILL, out of memory) gets its message acknowledged, so the task is lost"
+
+
+def _late_ack(
+    app: Any, tasks: list[Any], attribute: str, setting: str, code: str, why: str
+) -> list[checks.CheckMessage]:
+    off = [task for task in tasks if not _effective(app, task, attribute, setting)]
+    if not app.conf[setting]:
+        if tasks and not off:
+            return []  # every idempotent task turns it on itself
+        return [
+            checks.Warning(
+                f"{setting} is off in the Celery app {app.main!r}: {why} instead of delivered again.",
+                hint=f"Set CELERY_{setting.upper()} = True.",
+                id=f"{PREFIX}.{code}",
+            )
+        ]
+    return [
+        checks.Warning(
+            f"Idempotent task {task.name!r} sets {attribute}=False: {why} instead of delivered again.",
+            hint=f"Remove {attribute}=False from the task.",
+            id=f"{PREFIX}.{code}",
+        )
+        for task in off
+    ]
+
+
+def _lock_ttl(task: Any) -> int:
+    return int(task.lock_ttl or conf.LOCK_TTL)
+
+
+def _broker_url(app: Any) -> str:
+    url = app.conf.broker_write_url or app.conf.broker_url or ""
+    if isinstance(url, (list, tuple)):
+        url = url[0] if url else ""
+    return str(url).split(";")[0].strip()
+
+
+def _visibility_timeout(app: Any, tasks: list[Any]) -> list[checks.CheckMessage]:
+    if urlsplit(_broker_url(app)).scheme not in REDIS_SCHEMES or not tasks:
+        return []
+    options = app.conf.broker_transport_options or {}
+    timeout = options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT)
+    limits = [(_lock_ttl(task), "lock_ttl", task.name) for task in tasks]
+    limits += [
+        (limit, "time_limit", task.name)
+        for task in tasks
+        if (limit := _effective(app, task, "time_limit", "task_time_limit"))
+    ]
+    needed, what, name = max(limits, key=lambda limit: limit[0])
+    if timeout > needed:
+        return []
+    return [
+        checks.Warning(
+            f"The Redis broker's visibility_timeout ({_seconds(timeout)}) is not above the {what} of "
+            f"idempotent task {name!r} ({_seconds(needed)}): the broker delivers the message again to "
+            "another worker while the first delivery still runs.",
+            hint=f'Set CELERY_BROKER_TRANSPORT_OPTIONS = {{"visibility_timeout": ...}} above {_seconds(needed)}.',
+            id=f"{PREFIX}.W003",
+        )
+    ]
+
+
+def _time_limit(app: Any, task: Any) -> list[checks.CheckMessage]:
+    # A claim sets expires_at to claim time + record_ttl; past it, only the renewed lease keeps a
+    # running delivery's record from being purged. The last lease a run can hold ends at most
+    # time_limit + lock_ttl after the claim, so the record's retention must reach beyond that.
+    limit = _effective(app, task, "time_limit", "task_time_limit")
+    lock_ttl, record_ttl = _lock_ttl(task), int(task.record_ttl or conf.RECORD_TTL)
+    if not limit or limit + lock_ttl <= record_ttl:
+        return []
+    return [
+        checks.Warning(
+            f"Idempotent task {task.name!r} has time_limit {_seconds(limit)}, more than its record_ttl "
+            f"({_seconds(record_ttl)}) minus one lock_ttl ({_seconds(lock_ttl)}): a run that long outlives "
+            "its record's expires_at, so one missed lease renewal lets the purge delete the record "
+            "under it and the key can run again.",
+            hint=f"Raise record_ttl to at least time_limit + lock_ttl ({_seconds(limit + lock_ttl)}), "
+            "or lower time_limit.",
+            id=f"{PREFIX}.W004",
+        )
+    ]
+
+
+def _redis_database(url: str) -> tuple[str, int] | None:
+    """(server, database number) of a Redis URL, or None if it is not one."""
+    parts = urlsplit(url)
+    if parts.scheme not in REDIS_SCHEMES:
+        return None
+    query = parse_qs(parts.query)
+    if parts.scheme in {"unix", "redis+socket"}:
+        server = parts.path
+        number = (query.get("db") or query.get("virtual_host") or ["0"])[0]
+    else:
+        host = parts.hostname or "localhost"
+        server = f"{'127.0.0.1' if host == 'localhost' else host}:{parts.port or 6379}"
+        number = parts.path.strip("/") or (query.get("db") or ["0"])[0]
+    return (server, int(number)) if number.isdigit() else None
+
+
+def _shared_redis(app: Any) -> list[checks.CheckMessage]:
+    found = lock_cache()
+    broker = _redis_database(_broker_url(app))
+    if found is None or broker is None:
+        return []
+    alias, cache = found
+    location = cache.get("LOCATION", "")
+    locations = location if isinstance(location, (list, tuple)) else str(location).split(",")
+    if broker not in {_redis_database(str(url).strip()) for url in locations}:
+        return []
+    return [
+        checks.Warning(
+            f"The lock cache {alias!r} and the Celery broker use the same Redis database "
+            f"({broker[0]}/{broker[1]}): clearing or evicting the locks there loses queued messages too.",
+            hint="Give the locks another database number or a Redis of their own.",
+            id=f"{PREFIX}.W006",
+        )
+    ]

@@ -1,0 +1,91 @@
+"""``manage.py idempotency_status``: counts of records, or one key's record, lease and lock."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+from django.db.models import Count, Min
+
+from django_idempotent_tasks import store
+from django_idempotent_tasks.management import key_state, options
+from django_idempotent_tasks.models import IdempotencyRecord
+
+STATUSES = IdempotencyRecord.Status.values
+
+
+class Command(BaseCommand):
+    help = "Show the idempotency records by status and task, or the record, lease and Redis lock of one key."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "key",
+            nargs="?",
+            type=options.non_empty,
+            help="The idempotency key to show. Default: none, show the counts of all records.",
+        )
+        parser.add_argument(
+            "--scope",
+            type=options.non_empty,
+            help="The scope of the key (the task name unless the task sets idempotency_scope). "
+            "Default: every scope holding the key.",
+        )
+
+    def handle(self, *, key: str | None, scope: str | None, **extra: Any) -> None:
+        lines = self._overview() if key is None else self._key(key, scope)
+        self.stdout.write("\n".join(lines))
+
+    def _overview(self) -> list[str]:
+        rows = (
+            store.records().values_list("task_name", "status").annotate(n=Count("pk")).order_by("task_name")
+        )
+        by_task: dict[str, dict[str, int]] = {}
+        for task_name, status, n in rows:
+            by_task.setdefault(task_name, dict.fromkeys(STATUSES, 0))[status] = n
+        if not by_task:
+            return ["No idempotency records."]
+        totals = {status: sum(counts[status] for counts in by_task.values()) for status in STATUSES}
+        lines = [f"Records: {sum(totals.values()):,}"]
+        lines += [f"  {status}: {totals[status]:,}" for status in STATUSES]
+        lines.append("By task:")
+        for task_name, counts in by_task.items():
+            detail = ", ".join(f"{counts[status]:,} {status}" for status in STATUSES)
+            lines.append(f"  {task_name}: {sum(counts.values()):,} ({detail})")
+        stuck = store.records().stuck().count()
+        lines.append(f"Stuck leases (IN_PROGRESS, lease expired): {stuck:,}")
+        expired = store.records().expired().aggregate(n=Count("pk"), oldest=Min("expires_at"))
+        oldest = f", the oldest expired at {key_state.when(expired['oldest'])}" if expired["n"] else ""
+        lines.append(f"Expired records (purgeable): {expired['n']:,}{oldest}")
+        return lines
+
+    def _key(self, key: str, scope: str | None) -> list[str]:
+        record = key_state.find_record(key, scope)
+        if record is None:
+            if scope is None:
+                return [f"No record with key {key!r} in any scope. Pass --scope to see its Redis lock."]
+            return [
+                f"No record for {key_state.label(scope, key)}.",
+                f"Redis lock: {key_state.lock_state(scope, key).describe()}",
+            ]
+        return [
+            f"Record of {key_state.label(record.scope, record.key)}",
+            f"  Task: {record.task_name}",
+            f"  Status: {record.status}",
+            f"  Attempts: {record.attempts}, fence: {record.fence}",
+            f"  Task id: {record.task_id or '-'}",
+            f"  Worker: {record.worker or '-'}",
+            f"  Created at: {key_state.when(record.created_at)}",
+            f"  Started at: {key_state.when(record.started_at)}",
+            f"  Completed at: {key_state.when(record.completed_at)}",
+            f"  Expires at: {key_state.when(record.expires_at)}",
+            f"  Lease: {key_state.lease(record)}",
+            f"  Result: {key_state.short_json(record.result)}",
+            f"  Error: {self._error(record)}",
+            f"  Steps: {', '.join(sorted(record.steps)) if record.steps else '-'}",
+            f"Redis lock: {key_state.lock_state(record.scope, record.key).describe()}",
+        ]
+
+    def _error(self, record: IdempotencyRecord) -> str:
+        if not record.error:
+            return "-"
+        return f"{record.error.get('type', '?')}: {record.error.get('message', '')}"

@@ -1,0 +1,45 @@
+"""argparse ``type=`` validators shared by the management commands."""
+
+from __future__ import annotations
+
+import re
+from argparse import ArgumentTypeError
+from datetime import timedelta
+
+from django_idempotent_tasks.models import IdempotencyRecord
+
+_UNITS = {"d": "days", "h": "hours", "m": "minutes"}
+
+
+def duration(value: str) -> timedelta:
+    """A positive age such as ``7d``, ``12h`` or ``30m``."""
+    match = re.fullmatch(r"([0-9]+)([dhm])", value)
+    if match is None or int(match[1]) == 0:
+        raise ArgumentTypeError(f"{value!r} is not a duration such as 7d, 12h or 30m.")
+    return timedelta(**{_UNITS[match[2]]: int(match[1])})
+
+
+def positive_int(value: str) -> int:
+    """An integer of at least 1."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ArgumentTypeError(f"{value!r} is not a positive integer.")
+    return number
+
+
+def status(value: str) -> str:
+    """One of the record statuses, in any case."""
+    if value.upper() not in IdempotencyRecord.Status.values:
+        choices = ", ".join(IdempotencyRecord.Status.values)
+        raise ArgumentTypeError(f"{value!r} is not a status; choose from {choices}.")
+    return value.upper()
+
+
+def non_empty(value: str) -> str:
+    """A string that is not empty or only whitespace."""
+    if not value.strip():
+        raise ArgumentTypeError("must not be empty.")
+    return value

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.urls import path
+from shop import views
+
+urlpatterns = [
+    path("", views.checkout, name="checkout"),
+    path("orders/<int:pk>/", views.order_detail, name="order-detail"),
+    path("admin/", admin.site.urls),
+]

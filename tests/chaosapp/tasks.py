@@ -1,0 +1,68 @@
+"""The chaos tasks: each body makes one external call (a ledger entry) and one database effect."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from celery import shared_task
+from celery.signals import task_postrun, task_received
+
+from django_idempotent_tasks.tasks import IdempotentTask
+from tests.chaosapp import control
+from tests.chaosapp.models import ChaosEffect
+
+# Leases of 6 s renewed every 2 s: a Redis call stuck for its 2 s socket timeout cannot starve
+# the renewal, and a crashed holder's key is taken over within seconds.
+LEASE = 6
+# The queue the faults send to, so a duplicate meant to arrive mid-fault skips the backlog.
+URGENT = "chaos.urgent"
+
+
+def run_body(task: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    idem = task.idempotency
+    control.body_started()
+    control.reached("after_claim", idem.key)
+    control.external_call(idem.key, idem.fence, task.request.id or "")
+    control.reached("after_external", idem.key)
+    ChaosEffect.objects.create(
+        key=idem.key, task=task.name, pid=os.getpid(), fence=idem.fence, recovered=idem.recovered
+    )
+    control.reached("after_effect", idem.key)
+    time.sleep(sleep)
+    return {"key": idem.key, "value": value, "fence": idem.fence, "pid": os.getpid()}
+
+
+@shared_task(base=IdempotentTask, bind=True, name="chaos.effect", atomic=True, lock_ttl=LEASE)
+def chaos_effect(self: Any, value: int) -> dict[str, Any]:
+    return run_body(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True, name="chaos.slow", atomic=True, lock_ttl=2)
+def chaos_slow(self: Any, value: int, sleep: float) -> dict[str, Any]:
+    """W7: a body longer than its lock TTL; renewal must keep the key."""
+    control.control().set(f"held:{self.idempotency.key}", str(os.getpid()))
+    return run_body(self, value, sleep)
+
+
+@shared_task(base=IdempotentTask, bind=True, name="chaos.poison", atomic=True, lock_ttl=2, max_attempts=2)
+def chaos_poison(self: Any, value: int) -> None:
+    """W9: crashes its process every time it runs."""
+    run_body(self, value)
+    control.died(os.getpid())
+    os._exit(1)
+
+
+@task_postrun.connect
+def kill_after_completion(sender: Any = None, kwargs: Any = None, **extra: Any) -> None:
+    """W2: die after the record is SUCCEEDED, before the ack."""
+    if isinstance(kwargs, dict) and "idempotency_key" in kwargs:
+        control.reached("postrun", kwargs["idempotency_key"])
+
+
+@task_received.connect
+def note_received(request: Any = None, **extra: Any) -> None:
+    """Received ids tell a message the broker never delivered apart from one we lost."""
+    if request is not None:
+        control.received(request.id)
