@@ -6,12 +6,10 @@ import importlib.metadata
 from typing import Any
 
 import pytest
-from celery import shared_task
 from django.test import TransactionTestCase
 
 from django_idempotent_tasks.exceptions import MissingIdempotencyKey
 from django_idempotent_tasks.models import IdempotencyRecord
-from django_idempotent_tasks.tasks import IdempotentTask
 from django_idempotent_tasks.testing import assert_runs_once, count_executions
 from tests.testapp import tasks
 from tests.testapp.models import Effect
@@ -91,17 +89,11 @@ def test_assert_runs_once_fails_when_the_key_was_used_before() -> None:
         assert_runs_once(tasks.record_effect, 1, key="used", times=3)
 
 
-@shared_task(base=IdempotentTask, bind=True, max_attempts=1, name="tests.test_testing.fails_for_good")
-def fails_for_good(self: Any, value: int) -> None:
-    Effect.objects.create(key=self.idempotency.key, task=self.name, pid=0)
-    raise RuntimeError(f"failed with {value}")
-
-
 @pytest.mark.django_db(transaction=True)
 def test_assert_runs_once_fails_when_a_delivery_raises() -> None:
     # The body runs once and fails; the next deliveries get AttemptsExhausted. Once, but not a pass.
     with pytest.raises(AssertionError, match=r"3 of 3 deliveries .* raised") as info:
-        assert_runs_once(fails_for_good, 1, key="for-good", times=3, threads=False)
+        assert_runs_once(tasks.fails_for_good, 1, key="for-good", times=3, threads=False)
     assert isinstance(info.value.__cause__, RuntimeError)
     assert Effect.objects.filter(key="for-good").count() == 1
 
