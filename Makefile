@@ -68,3 +68,34 @@ bench:
 	$(BIN)/pip install --quiet -e ".[bench]"
 	@scripts/check_services.sh
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# The support matrix (tox.ini): the Pythons come from pyenv, put first on PATH for tox to find.
+PYENV_ROOT ?= $(or $(HOME),/root)/.pyenv
+empty :=
+space := $(empty) $(empty)
+MATRIX_PATH := $(subst $(space),:,$(wildcard $(PYENV_ROOT)/versions/3.1[0-3].*/bin))
+TOX := PATH="$(MATRIX_PATH):$$PATH" $(BIN)/tox
+EDGE_LEGS := py310-django42-celery54,py313-django61-celery57
+# CI runs the edge legs after `make test` on the middle versions, so they skip what only costs time
+# there: the chaos suite and the browser tests (both run in `make test` and in `make matrix`).
+EDGE_PYTEST_ARGS ?= -m "not chaos and not browser"
+TOX_ARGS ?=
+
+.PHONY: matrix matrix-edges dist dist-check
+
+matrix: venv
+	@scripts/check_services.sh
+	$(TOX) $(TOX_ARGS)
+
+matrix-edges: venv
+	@scripts/check_services.sh
+	$(TOX) -e $(EDGE_LEGS) $(TOX_ARGS) -- $(EDGE_PYTEST_ARGS)
+
+# Packaging: an sdist and a wheel in dist/, then their checks (twine, contents, a clean install).
+dist: venv
+	rm -rf dist build
+	$(BIN)/python -m build --outdir dist .
+
+dist-check: dist
+	$(BIN)/twine check --strict dist/*
+	$(BIN)/python scripts/check_dist.py dist

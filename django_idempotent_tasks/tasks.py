@@ -13,6 +13,7 @@ from celery import shared_task
 from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
+from celery.worker.request import Request
 
 from django_idempotent_tasks import keys, store
 from django_idempotent_tasks.conf import conf
@@ -65,10 +66,22 @@ def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
     return check_arguments
 
 
+class IdempotentRequest(Request):
+    """The worker's request of an idempotent task: frees the claim of a body killed by a hard time limit."""
+
+    def on_timeout(self, soft: bool, timeout: float) -> None:
+        super().on_timeout(soft, timeout)
+        # Celery 5.5+ also calls Task.on_failure here; Celery 5.4 does not, so do it for both.
+        task: Any = self.task
+        if not soft and isinstance(task, IdempotentTask):
+            task.free_timed_out_claim(self.id, self.kwargs, TimeLimitExceeded(timeout))
+
+
 class IdempotentTask(Base):
     """A task whose deliveries under one idempotency key run the body at most once."""
 
     abstract = True
+    Request = "django_idempotent_tasks.tasks:IdempotentRequest"
     idempotency_key: ClassVar[str | Callable[..., Any] | None] = None
     idempotency_scope: ClassVar[str | None] = None
     lock_ttl: ClassVar[int | None] = None
@@ -140,7 +153,9 @@ class IdempotentTask(Base):
         key = self.resolve_key(args, kwargs)
         kwargs = {**kwargs, KEY_ARGUMENT: key}
         _task_stack.push(self)
-        self.push_request(args=args, kwargs=kwargs)
+        # Keep the request the worker (or apply()) pushed: its id, retries and delivery info. Celery
+        # 5.5+ merges it in push_request; Celery 5.4 would push a bare one, as if called directly.
+        self.push_request(**{**vars(self.request), "args": args, "kwargs": kwargs})
         running = _Running(self, self.request.id)
         _stack().append(running)
         try:
@@ -205,12 +220,17 @@ class IdempotentTask(Base):
         raise Ignore()
 
     def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-        # A hard time limit kills the child before it can record anything; the message is acked,
-        # so free the claim here (in the worker's main process) or the key stays IN_PROGRESS.
-        if isinstance(exc, TimeLimitExceeded) and isinstance(kwargs, dict) and KEY_ARGUMENT in kwargs:
+        if isinstance(exc, TimeLimitExceeded):
+            self.free_timed_out_claim(task_id, kwargs, exc)
+        super().on_failure(exc, task_id, args, kwargs, einfo)
+
+    def free_timed_out_claim(self, task_id: str, kwargs: Any, exc: BaseException) -> None:
+        """Mark FAILED the key a delivery killed by a hard time limit still holds (a no-op otherwise)."""
+        # The child dies before it can record anything and the message is acked, so free the claim
+        # here (in the worker's main process) or the key stays IN_PROGRESS.
+        if isinstance(kwargs, dict) and KEY_ARGUMENT in kwargs:
             scope = self.idempotency_scope or self.name
             store.fail_task(scope, kwargs[KEY_ARGUMENT], task_id, store.describe_error(exc))
-        super().on_failure(exc, task_id, args, kwargs, einfo)
 
 
 @shared_task(name="django_idempotent_tasks.purge_expired_records", ignore_result=True)

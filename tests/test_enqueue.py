@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,16 +14,26 @@ from django.db import transaction
 
 from django_idempotent_tasks.exceptions import InvalidIdempotencyKey, MissingIdempotencyKey
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests.celery_app import app as celery_app
 from tests.testapp import tasks
+
+# No worker consumes this queue, so what was sent stays there to be inspected even while the
+# session's workers (started by the worker tests) are running.
+QUEUE = "enqueue-tests"
 
 
 @pytest.fixture
-def broker() -> redis.Redis:
-    return redis.Redis.from_url(settings.CELERY_BROKER_URL)
+def broker() -> Iterator[redis.Redis]:
+    default = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = QUEUE
+    try:
+        yield redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    finally:
+        celery_app.conf.task_default_queue = default
 
 
 def queued(broker: redis.Redis) -> list[dict[str, Any]]:
-    return [json.loads(raw) for raw in broker.lrange("celery", 0, -1)]
+    return [json.loads(raw) for raw in broker.lrange(QUEUE, 0, -1)]
 
 
 def bodies(broker: redis.Redis) -> list[str]:

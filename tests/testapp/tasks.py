@@ -218,3 +218,10 @@ def forgetful_step(self: Any, fail: bool) -> None:
 def stale_step(self: Any) -> None:
     IdempotencyRecord.objects.filter(key=self.idempotency.key).update(fence=99)
     self.idempotency.step("late", lambda: 1)
+
+
+@shared_task(base=IdempotentTask, bind=True, max_attempts=1)
+def fails_for_good(self: Any, value: int) -> None:
+    """tests/test_testing.py: the body runs once, fails, and the key is then exhausted."""
+    effect(self, value)
+    raise RuntimeError(f"failed with {value}")
