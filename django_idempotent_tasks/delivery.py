@@ -204,7 +204,7 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
     except LeaseLost:
         return lease_lost(delivery, claim)
     except BaseException as exc:
-        heartbeat.stop()
+        heartbeat.stop()  # first, so a renewal racing the failure write is not reported as a lost lease
         record_failure(delivery, claim, exc)
         raise
     finally:
