@@ -172,11 +172,13 @@ class IdempotentTask(Base):
         self, running: _Running, args: Sequence[Any], kwargs: dict[str, Any], idempotency: Idempotency
     ) -> Any:
         running.idempotency = idempotency
-        if not self._accepts_key():
+        if not self._accepts_key:
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         return self.run(*args, **kwargs)
 
+    @functools.cached_property
     def _accepts_key(self) -> bool:
+        """The body takes ``idempotency_key`` (by name or ``**kwargs``); a task object lives per process."""
         parameters = inspect.signature(self.run).parameters.values()
         return any(p.name == KEY_ARGUMENT or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
