@@ -168,3 +168,19 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
 
 def lock_port() -> int:
     return int(os.environ.get("CHAOS_LOCK_REDIS_PORT", "6406"))
+
+
+def run_and_check(
+    plan: Plan, name: str, env: dict[str, str], capsys: Any, postgres: PrivatePostgres | None = None
+) -> None:
+    """Run ``plan``, print its seed and table (uncaptured), and fail on any violated invariant."""
+    with capsys.disabled():
+        print(f"\nchaos {name}: seed {plan.seed} (replay with CHAOS_SEED={plan.seed})", flush=True)
+    outcome = run(plan, env, lock_port(), postgres=postgres)
+    with capsys.disabled():
+        print(outcome.table(), flush=True)
+    assert not outcome.verdict.violations, (
+        f"{len(outcome.verdict.violations)} violations (seed {plan.seed}):\n"
+        + "\n".join(outcome.verdict.violations[:50])
+        + f"\n{outcome.table()}\nworker logs: {outcome.logs}"
+    )

@@ -16,14 +16,4 @@ pytestmark = [pytest.mark.workers, pytest.mark.chaos, pytest.mark.timeout(3600)]
 
 def test_soak(worker_env: dict[str, str], transactional_db: Any, capsys: pytest.CaptureFixture[str]) -> None:
     postgres = PrivatePostgres(os.environ["CHAOS_PG_DATA"], os.environ["CHAOS_PG_BIN"])
-    plan = make_plan(SOAK, seed_from_env())
-    with capsys.disabled():
-        print(f"\nchaos soak: seed {plan.seed} (replay with CHAOS_SEED={plan.seed})", flush=True)
-    outcome = harness.run(plan, worker_env, harness.lock_port(), postgres=postgres)
-    with capsys.disabled():
-        print(outcome.table(), flush=True)
-    assert not outcome.verdict.violations, (
-        f"{len(outcome.verdict.violations)} violations (seed {plan.seed}):\n"
-        + "\n".join(outcome.verdict.violations[:50])
-        + f"\n{outcome.table()}\nworker logs: {outcome.logs}"
-    )
+    harness.run_and_check(make_plan(SOAK, seed_from_env()), "soak", worker_env, capsys, postgres)

@@ -10,18 +10,9 @@ import os
 import signal
 import time
 
-import redis
-from django.conf import settings
 from django.db import connection
 
-_client: redis.Redis | None = None
-
-
-def control() -> redis.Redis:
-    global _client
-    if _client is None:
-        _client = redis.Redis.from_url(settings.CONTROL_REDIS_URL)
-    return _client
+from tests.testapp.faults import control as control  # the one client of the control Redis
 
 
 def arm(point: str, key: str, action: str) -> None:
