@@ -3,13 +3,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: help venv test lint pytest demo
+.PHONY: help venv test lint pytest demo system-deps
 
 help:
 	@echo "make demo    run the example project's demo of every cause of duplicate execution"
 	@echo "make test    lint, type-check and run the whole test suite (what CI runs)"
 
-$(BIN)/activate: setup.cfg pyproject.toml
+$(BIN)/activate: setup.cfg pyproject.toml | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e ".[test]"
@@ -17,13 +17,17 @@ $(BIN)/activate: setup.cfg pyproject.toml
 
 venv: $(BIN)/activate
 
+# Chromium, libfaketime and the MariaDB client library from Debian, when missing.
+system-deps:
+	@scripts/system_deps.sh
+
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy django_idempotent_tasks tests
 	$(BIN)/python -m django makemigrations --check --dry-run --settings tests.settings --pythonpath .
 
-pytest: venv
+pytest: venv system-deps
 	@scripts/check_services.sh
 	rm -f .coverage .coverage.*
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml $(BIN)/coverage run -m pytest $(PYTEST_ARGS)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from urllib.parse import urlsplit
+from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 DATABASE_URL = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"))
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
@@ -50,16 +51,41 @@ TEMPLATES = [
 ]
 STATIC_URL = "/static/"
 
-DATABASES = {
-    "default": {
+
+def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
+    """Django's DATABASES entry for a postgres://, mysql:// (MariaDB) or sqlite:/// URL."""
+    scheme = url.scheme.split("+")[0]
+    if scheme == "sqlite":
+        path = url.path or "/tmp/idempotent-tests.sqlite3"
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": path,
+            "TEST": {"NAME": name or f"{path}-test"},
+        }
+    if scheme in {"mysql", "mariadb"}:
+        return {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": name or url.path.lstrip("/") or "test",
+            "USER": url.username or "root",
+            "PASSWORD": url.password or "",
+            # localhost (the default) means the server's Unix socket, where root needs no password.
+            "HOST": url.hostname or "localhost",
+            "PORT": str(url.port or ""),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+    if scheme not in {"postgres", "postgresql"}:
+        raise ValueError(f"DATABASE_URL: unsupported scheme {url.scheme!r} (postgres, mysql or sqlite)")
+    return {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": TEST_DATABASE_NAME or DATABASE_URL.path.lstrip("/") or "test",
-        "USER": DATABASE_URL.username or "postgres",
-        "PASSWORD": DATABASE_URL.password or "",
-        "HOST": DATABASE_URL.hostname or "127.0.0.1",
-        "PORT": str(DATABASE_URL.port or 5432),
+        "NAME": name or url.path.lstrip("/") or "test",
+        "USER": url.username or "postgres",
+        "PASSWORD": url.password or "",
+        "HOST": url.hostname or "127.0.0.1",
+        "PORT": str(url.port or 5432),
     }
-}
+
+
+DATABASES = {"default": database_from_url(DATABASE_URL, TEST_DATABASE_NAME)}
 
 LOCK_REDIS_URL = os.environ.get("IDEMPOTENT_TESTS_LOCK_REDIS_URL", f"{REDIS_URL}/12")
 CACHES = {
