@@ -6,6 +6,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -19,13 +20,17 @@ from django_idempotent_tasks.exceptions import (
     LeaseLost,
     TaskInProgress,
 )
+from django_idempotent_tasks.heartbeat import Heartbeat
 from django_idempotent_tasks.idempotency import Idempotency
-from django_idempotent_tasks.locks import Heartbeat, RedisLock, lock_client, worker_identity
+from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
 from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.values import UnstorableValue
 
 logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
 Body = Callable[[Idempotency], Any]
+RECONNECT_PAUSE = 0.1  # first pause before writing again on a fresh connection; doubles up to 1 s
+_body_error: ContextVar[BaseException | None] = ContextVar("idempotency_body_error", default=None)
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,8 @@ def deliver(delivery: Delivery, body: Body, requeue: Callable[[], NoReturn]) -> 
         except LockUnavailable:
             requeue()
         except (OperationalError, InterfaceError) as exc:
+            if exc is _body_error.get():
+                raise  # the body's own error (deadlock, lock timeout): its retry policy decides
             # The connection broke (backend terminated, server restarted): whatever ran under it
             # rolled back, so send the delivery again instead of acking it as a failure. Close the
             # broken connection, or every later task of this process would fail on it too.
@@ -148,10 +155,10 @@ def settled(delivery: Delivery, record: IdempotencyRecord) -> tuple[Any] | None:
         logger.info("%s already succeeded; replaying the stored result.", delivery.label)
         delivery.send(signals.task_replayed)
         return (record.result,)
-    if record.lease_is_live:
-        raise Busy
+    # Whether a lease is live is decided by the claim's SQL on the database clock, not here.
     if store.is_exhausted(record, delivery.max_attempts):
-        store.exhaust(record, delivery.max_attempts)
+        if not store.exhaust(record, delivery.max_attempts):
+            raise Busy  # its last attempt is still running
         logger.error("%s used up its %d attempts; failed for good.", delivery.label, record.attempts)
         delivery.send(signals.attempts_exhausted, attempts=record.attempts)
         raise AttemptsExhausted(
@@ -193,37 +200,81 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
         logger.warning(
             "%s: an earlier attempt died mid-body; attempt %d takes over.", delivery.label, claim.attempt
         )
-    idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes)
     heartbeat = Heartbeat(delivery.lock_ttl / 3, lambda: renew(delivery, claim, lock, heartbeat))
+    heartbeat.lease_until = time.monotonic() + delivery.lock_ttl
+    idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes, heartbeat.lost)
     heartbeat.begin()
     try:
         if delivery.atomic:
             with transaction.atomic(using=store.database()):
-                return finish(delivery, claim, body(idempotency), heartbeat)
-        return finish(delivery, claim, body(idempotency), heartbeat)
+                return finish(delivery, claim, call_body(body, idempotency), heartbeat)
+        return finish(delivery, claim, call_body(body, idempotency), heartbeat)
     except LeaseLost:
         return lease_lost(delivery, claim)
     except BaseException as exc:
-        heartbeat.stop()  # first, so a renewal racing the failure write is not reported as a lost lease
-        record_failure(delivery, claim, exc)
+        if exc is not _body_error.get():
+            raise  # the completion's own failure is never "the body failed"
+        heartbeat.completing.set()  # the failure write ends the lease: not a lost lease
+        record_failure(delivery, claim, exc, heartbeat)
         raise
     finally:
         heartbeat.stop()
 
 
+def call_body(body: Body, idempotency: Idempotency) -> Any:
+    """Run the body, remembering what it raised: its database errors are its own, not a lost connection."""
+    try:
+        return body(idempotency)
+    except BaseException as exc:
+        _body_error.set(exc)
+        raise
+
+
 def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartbeat) -> Any:
     """Fenced completion; raises LeaseLost (rolling back an atomic body) if the fence moved on."""
-    heartbeat.stop()
     stored, problem = store.encode_result(value, delivery.max_result_bytes)
-    error = None
+    if problem is None:
+        try:
+            heartbeat.completing.set()
+            done = held_write(
+                delivery, heartbeat, lambda: store.complete(claim, stored, None, delivery.record_ttl)
+            )
+        except DatabaseError as exc:  # refused for a reason we did not foresee: still done, loudly
+            problem = f"The database refused the result: {exc!r}"
     if problem is not None:
+        stored = None
         logger.error("%s succeeded but its result cannot be stored: %s", delivery.label, problem)
         delivery.send(signals.result_unstorable, reason=problem)
-        error = {"type": "UnstorableResult", "message": problem, "traceback": ""}
-    if not store.complete(claim, stored, error, delivery.record_ttl):
+        error = store.error_shape("UnstorableResult", problem)
+        done = held_write(
+            delivery, heartbeat, lambda: store.complete(claim, None, error, delivery.record_ttl)
+        )
+    heartbeat.stop()
+    if not done:
         raise LeaseLost(f"{delivery.label} lost its lease (fence {claim.fence}) before completing.")
     delivery.send(signals.task_completed, fence=claim.fence)
     return stored
+
+
+def held_write(delivery: Delivery, heartbeat: Heartbeat, write: Callable[[], bool]) -> bool:
+    """A fenced write; on a broken connection, reconnect and write again while the lease is ours."""
+    connection, pause = connections[store.database()], RECONNECT_PAUSE
+    while True:
+        try:
+            return write()
+        except (OperationalError, InterfaceError) as exc:
+            # In an atomic body the transaction died with its connection: nothing is left to complete.
+            if delivery.atomic or connection.in_atomic_block or connection.is_usable():
+                raise
+            if heartbeat.lost.is_set() or time.monotonic() + pause > heartbeat.lease_until:
+                raise
+            logger.warning(
+                "%s: its database connection broke (%r); reconnecting to write again.", delivery.label, exc
+            )
+            with contextlib.suppress(DatabaseError):
+                connection.close()
+            time.sleep(pause)
+            pause = min(pause * 2, 1.0)
 
 
 def lease_lost(delivery: Delivery, claim: store.Claim) -> Any:
@@ -238,9 +289,13 @@ def lease_lost(delivery: Delivery, claim: store.Claim) -> Any:
     raise Busy
 
 
-def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException) -> None:
+def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException, heartbeat: Heartbeat) -> None:
     cause = getattr(exc, "exc", None) or exc  # celery's Retry wraps the real error
-    if store.fail(claim, store.describe_error(cause), delivery.record_ttl):
+    # A value the database refuses was already computed by a step: running the body again would
+    # repeat that step, so the key fails for good.
+    for_good = delivery.max_attempts if isinstance(cause, UnstorableValue) else None
+    error = store.describe_error(cause)
+    if held_write(delivery, heartbeat, lambda: store.fail(claim, error, for_good_after=for_good)):
         logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)
         delivery.send(signals.task_failed, fence=claim.fence, exc=cause)
     else:
@@ -248,20 +303,26 @@ def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException) -
 
 
 def renew(delivery: Delivery, claim: store.Claim, lock: RedisLock | None, heartbeat: Heartbeat) -> bool:
-    """Extend the Redis lock and the database lease; returns False once the lease is lost."""
+    """Extend the database lease, then the Redis lock; returns False once the lease is lost."""
+    started = time.monotonic()
+    try:
+        renewed = store.renew(claim, delivery.lock_ttl)
+    except Exception as exc:
+        logger.warning("%s could not renew its lease: %r.", delivery.label, exc)
+        renewed = None
+    finally:
+        connections.close_all()
+    if renewed is False:
+        heartbeat.lost.set()
+        if not heartbeat.completing.is_set():  # else our own completion (or failure) has landed
+            logger.warning("%s lost its lease (fence %d) while running.", delivery.label, claim.fence)
+            delivery.send(signals.lease_lost, fence=claim.fence)
+        return False
+    if renewed:
+        heartbeat.lease_until = started + delivery.lock_ttl
     try:
         if lock is not None and not lock.extend():
             logger.warning("%s: its Redis lock was lost; the database lease still guards it.", delivery.label)
     except RedisError as exc:
         logger.warning("%s could not renew its Redis lock: %r.", delivery.label, exc)
-    try:
-        renewed = store.renew(claim, delivery.lock_ttl)
-    except Exception as exc:
-        logger.warning("%s could not renew its lease: %r.", delivery.label, exc)
-        return True
-    finally:
-        connections.close_all()
-    if not renewed and not heartbeat.stopping.is_set():
-        logger.warning("%s lost its lease (fence %d) while running.", delivery.label, claim.fence)
-        delivery.send(signals.lease_lost, fence=claim.fence)
-    return renewed
+    return True

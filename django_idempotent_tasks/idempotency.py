@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -10,6 +11,7 @@ from django.db import transaction
 
 from django_idempotent_tasks import keys, store
 from django_idempotent_tasks.exceptions import LeaseLost
+from django_idempotent_tasks.values import UnstorableValue
 
 T = TypeVar("T")
 _UNSET: Any = object()
@@ -18,11 +20,19 @@ _UNSET: Any = object()
 class Idempotency:
     """The key, lease and checkpoints of the delivery that is running the body."""
 
-    def __init__(self, key: str, scope: str, claim: store.Claim, max_result_bytes: int) -> None:
+    def __init__(
+        self,
+        key: str,
+        scope: str,
+        claim: store.Claim,
+        max_result_bytes: int,
+        lost: threading.Event | None = None,
+    ) -> None:
         self.key = key
         self.scope = scope
         self.claim = claim
         self.max_result_bytes = max_result_bytes
+        self._lost = lost or threading.Event()
         self.steps: dict[str, Any] = dict(claim.record.steps or {})
 
     @property
@@ -38,13 +48,34 @@ class Idempotency:
         """An earlier attempt died mid-body: external calls it made may have happened."""
         return self.claim.recovered
 
+    @property
+    def lease_lost(self) -> bool:
+        """The heartbeat found another delivery holding the key: this one must stop."""
+        return self._lost.is_set()
+
+    def ensure_lease(self, what: str) -> None:
+        """Raise LeaseLost if the lease is known lost, before ``what`` runs anything."""
+        if self._lost.is_set():
+            raise LeaseLost(f"{what} was not run: another delivery took over the key.")
+
     def subkey(self, name: str) -> str:
         """A stable key for a downstream call, the same on every attempt under this key."""
         return keys.subkey(self.scope, self.key, keys.validate_step_name(name))
 
     def step(self, name: str, fn: Callable[[], T] | None = None) -> Any:
         """Run ``fn`` once per key and return its stored result; without ``fn``, a context manager."""
-        step = Step(self, keys.validate_step_name(name))
+        name = keys.validate_step_name(name)
+        self.ensure_lease(f"Step {name!r}")
+        if name not in self.steps and transaction.get_connection(store.database()).in_atomic_block:
+            # A rollback of that transaction would erase the checkpoint while the step's effect stays,
+            # and the retry would repeat it: refuse before running anything.
+            raise RuntimeError(
+                f"Step {name!r} cannot run inside an open database transaction (atomic=True, "
+                "transaction.atomic() in the body, or a caller's transaction around an eager call): "
+                "its checkpoint would roll back with it. Run steps in a non-atomic task, outside "
+                "transaction.atomic()."
+            )
+        step = Step(self, name)
         if fn is None:
             return step
         with step:
@@ -54,9 +85,10 @@ class Idempotency:
 
     def save_step(self, name: str, value: Any) -> Any:
         """Checkpoint one step's result with a fenced write; returns the stored JSON form."""
+        self.ensure_lease(f"The checkpoint of step {name!r}")
         stored, problem = store.encode_result(value, self.max_result_bytes)
         if problem is not None:
-            raise ValueError(f"Step {name!r} cannot be checkpointed. {problem}")
+            raise UnstorableValue(f"Step {name!r} cannot be checkpointed. {problem}")
         steps = {**self.steps, name: stored}
         if not store.checkpoint(self.claim, steps):
             raise LeaseLost(f"Step {name!r} was not checkpointed: another delivery took over the key.")

@@ -1,25 +1,65 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 
+def now_sql(vendor: str) -> str:
+    """SQL of the database server's clock as a UTC timestamp (``%`` escaped for a parameterised query)."""
+    if vendor == "postgresql":
+        return "CLOCK_TIMESTAMP()"  # not now(): that is the start of the transaction
+    if vendor == "mysql":
+        return "UTC_TIMESTAMP(6)"
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now')"
+
+
+def later_sql(vendor: str) -> str:
+    """SQL of the database clock plus ``%s`` seconds (one integer parameter)."""
+    if vendor == "postgresql":
+        return "CLOCK_TIMESTAMP() + %s * INTERVAL '1 second'"
+    if vendor == "mysql":
+        return "UTC_TIMESTAMP(6) + INTERVAL %s SECOND"
+    return "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'now', '+' || %s || ' seconds')"
+
+
+class DatabaseNow(models.Func):
+    """The database server's clock: every lease is written and judged by it, never a worker's."""
+
+    output_field = models.DateTimeField()
+
+    def __init__(self, seconds: int = 0) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> tuple[str, list[Any]]:  # type: ignore[override]
+        if self.seconds:
+            return later_sql(connection.vendor), [int(self.seconds)]
+        return now_sql(connection.vendor), []
+
+
 class IdempotencyRecordQuerySet(models.QuerySet["IdempotencyRecord"]):
-    def expired(self) -> IdempotencyRecordQuerySet:
-        """Records past their retention that no live lease protects."""
-        now = timezone.now()
-        return self.filter(expires_at__lt=now).exclude(
-            status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__gte=now
-        )
+    def live(self) -> IdempotencyRecordQuerySet:
+        """IN_PROGRESS records whose holder's lease is still running (on the database clock)."""
+        return self.filter(status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__gte=DatabaseNow())
+
+    def not_live(self) -> IdempotencyRecordQuerySet:
+        """Records that no live lease protects: what a purge or a forced release may touch."""
+        return self.exclude(status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__gte=DatabaseNow())
 
     def stuck(self) -> IdempotencyRecordQuerySet:
-        """IN_PROGRESS records whose lease has expired: the holder died or stalled."""
-        return self.filter(status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__lt=timezone.now())
+        """IN_PROGRESS records whose lease has expired (or is missing): the holder died or stalled."""
+        return self.filter(status=IdempotencyRecord.Status.IN_PROGRESS).not_live()
 
-    def live(self) -> IdempotencyRecordQuerySet:
-        """IN_PROGRESS records whose holder's lease is still running."""
-        return self.filter(status=IdempotencyRecord.Status.IN_PROGRESS, lease_expires_at__gte=timezone.now())
+    def claimable(self) -> IdempotencyRecordQuerySet:
+        """FAILED records and stuck ones: a new delivery may take them over."""
+        return self.filter(status=IdempotencyRecord.Status.FAILED) | self.stuck()
+
+    def expired(self) -> IdempotencyRecordQuerySet:
+        """Records past their retention that no live lease protects."""
+        return self.filter(expires_at__lt=DatabaseNow()).not_live()
 
 
 class IdempotencyRecord(models.Model):
@@ -78,7 +118,10 @@ class IdempotencyRecord(models.Model):
 
     @property
     def lease_is_live(self) -> bool:
-        """IN_PROGRESS with a lease that has not expired."""
+        """IN_PROGRESS with a lease that has not expired, by this process's clock: for display only.
+
+        Who may run is decided in SQL on the database clock (``live()``, ``stuck()``, ``claimable()``).
+        """
         return (
             self.status == self.Status.IN_PROGRESS
             and self.lease_expires_at is not None

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import functools
-import json
-import traceback
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, connections, router, transaction
-from django.db.models import Q
+from django.db.models import F, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from django_idempotent_tasks.keys import canonical_json
-from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord, later_sql
+from django_idempotent_tasks.values import describe_error as describe_error
+from django_idempotent_tasks.values import encode_result as encode_result
+from django_idempotent_tasks.values import error_shape as error_shape
 
 Status = IdempotencyRecord.Status
 
@@ -66,6 +66,13 @@ def _savepoint() -> AbstractContextManager[Any]:
     )
 
 
+def _from_database(record: IdempotencyRecord, *names: str) -> None:
+    # These were written as SQL expressions on the database clock: forget the expression objects,
+    # so that reading one loads the value the database stored (Django's deferred-field load).
+    for name in names:
+        record.__dict__.pop(name, None)
+
+
 def insert(
     scope: str,
     key: str,
@@ -78,7 +85,6 @@ def insert(
     record_ttl: int,
 ) -> Claim | None:
     """Create the record IN_PROGRESS with fence 1; None if another delivery created it first."""
-    now = timezone.now()
     try:
         with _savepoint():
             record = records().create(
@@ -88,21 +94,20 @@ def insert(
                 fingerprint=fingerprint,
                 task_id=task_id,
                 worker=worker,
-                started_at=now,
-                lease_expires_at=now + timedelta(seconds=lease_seconds),
-                expires_at=now + timedelta(seconds=record_ttl),
+                started_at=timezone.now(),
+                lease_expires_at=DatabaseNow(lease_seconds),
+                expires_at=DatabaseNow(record_ttl),
             )
     except IntegrityError:
         return None
+    _from_database(record, "lease_expires_at", "expires_at")
     return Claim(record=record, fence=1, attempt=1, recovered=False)
 
 
 def take_over(
     record: IdempotencyRecord, *, task_id: str, worker: str, lease_seconds: int, record_ttl: int
 ) -> Claim | None:
-    """Claim a FAILED record or one whose lease expired; None if someone else moved it first."""
-    now = timezone.now()
-    claimable = Q(status=Status.FAILED) | Q(status=Status.IN_PROGRESS, lease_expires_at__lt=now)
+    """Claim a FAILED record or one whose lease expired on the database clock; None if it is not."""
     fence, attempt = record.fence + 1, record.attempts + 1
     changes: dict[str, Any] = {
         "status": Status.IN_PROGRESS,
@@ -110,21 +115,25 @@ def take_over(
         "attempts": attempt,
         "task_id": task_id,
         "worker": worker,
-        "started_at": now,
+        "started_at": timezone.now(),
         "completed_at": None,
-        "lease_expires_at": now + timedelta(seconds=lease_seconds),
-        "expires_at": now + timedelta(seconds=record_ttl),
+        "lease_expires_at": DatabaseNow(lease_seconds),
+        "expires_at": DatabaseNow(record_ttl),
     }
-    if not records().filter(claimable, pk=record.pk, fence=record.fence).update(**changes):
+    if not records().claimable().filter(pk=record.pk, fence=record.fence).update(**changes):
         return None
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
         setattr(record, name, value)
+    # The steps are read again under the claim: the copy read before the lock may be stale.
+    _from_database(record, "lease_expires_at", "expires_at", "steps")
     return Claim(record=record, fence=fence, attempt=attempt, recovered=recovered)
 
 
-def _update_held(claim: Claim, **values: Any) -> bool:
+def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: Any) -> bool:
     """``UPDATE … WHERE pk AND fence = mine AND status = IN_PROGRESS``; False if the fence moved on.
+
+    ``later`` sets columns to the database clock plus so many seconds.
 
     One precompiled statement per set of columns: building the ORM's UPDATE cost more CPU than its
     round trip (see BENCHMARKS.md). Values are prepared by their fields, as the ORM would.
@@ -133,26 +142,30 @@ def _update_held(claim: Claim, **values: Any) -> bool:
     connection = connections[alias]
     fields = {field.name: field for field in IdempotencyRecord._meta.concrete_fields}
     params = [fields[name].get_db_prep_save(value, connection) for name, value in values.items()]
+    later = later or {}
     with connection.cursor() as cursor:
         cursor.execute(
-            _update_held_sql(alias, tuple(values)),
-            [*params, claim.record.pk, claim.fence, Status.IN_PROGRESS],
+            _update_held_sql(alias, tuple(values), tuple(later)),
+            [*params, *later.values(), claim.record.pk, claim.fence, Status.IN_PROGRESS],
         )
         return bool(cursor.rowcount == 1)
 
 
 @functools.cache
-def _update_held_sql(alias: str, names: tuple[str, ...]) -> str:
+def _update_held_sql(alias: str, names: tuple[str, ...], later: tuple[str, ...]) -> str:
     meta, quote = IdempotencyRecord._meta, connections[alias].ops.quote_name
     column = {field.name: quote(field.column or field.name) for field in meta.concrete_fields}
-    assignments = ", ".join(f"{column[name]} = %s" for name in names)
+    clock = later_sql(connections[alias].vendor)
+    assignments = ", ".join(
+        [*(f"{column[name]} = %s" for name in names), *(f"{column[name]} = {clock}" for name in later)]
+    )
     where = f"{column[meta.pk.name]} = %s AND {column['fence']} = %s AND {column['status']} = %s"
     return f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {where}"
 
 
 def renew(claim: Claim, lease_seconds: int) -> bool:
-    """Extend the lease; False if the fence moved on (the lease is lost)."""
-    return _update_held(claim, lease_expires_at=timezone.now() + timedelta(seconds=lease_seconds))
+    """Extend the lease to the database clock plus ``lease_seconds``; False if the fence moved on."""
+    return _update_held(claim, {"lease_expires_at": lease_seconds})
 
 
 def checkpoint(claim: Claim, steps: dict[str, Any]) -> bool:
@@ -162,39 +175,53 @@ def checkpoint(claim: Claim, steps: dict[str, Any]) -> bool:
 
 def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl: int) -> bool:
     """Mark the key SUCCEEDED with its result; False if the fence moved on."""
-    return _finish(claim, Status.SUCCEEDED, result, error, record_ttl)
+    with _savepoint():  # in an atomic body, a refused value must not poison its transaction
+        return _update_held(
+            claim,
+            status=Status.SUCCEEDED,
+            result=result,
+            error=error,
+            completed_at=timezone.now(),
+            lease_expires_at=None,
+            later={"expires_at": record_ttl},
+        )
 
 
-def fail(claim: Claim, error: dict[str, str], record_ttl: int) -> bool:
-    """Mark the key FAILED (the next delivery may run it again); False if the fence moved on."""
-    return _finish(claim, Status.FAILED, None, error, record_ttl)
-
-
-def _finish(claim: Claim, status: str, result: Any, error: dict[str, str] | None, record_ttl: int) -> bool:
-    now = timezone.now()
-    return _update_held(
-        claim,
-        status=status,
-        result=result,
-        error=error,
-        completed_at=now,
-        lease_expires_at=None,
-        expires_at=now + timedelta(seconds=record_ttl),
-    )
-
-
-def exhaust(record: IdempotencyRecord, max_attempts: int) -> None:
-    """Fail a key for good: it used up ``max_attempts`` claims (crashes or failures)."""
-    error = {
-        "type": "AttemptsExhausted",
-        "message": f"{record.attempts} attempts used, max_attempts is {max_attempts}.",
-        "traceback": "",
+def _mark_failed(held: Any, error: dict[str, str], *, at_least_attempts: int | None = None) -> bool:
+    """The one FAILED transition: the lease ends, the error is stored; False if nothing matched."""
+    changes: dict[str, Any] = {
+        "status": Status.FAILED,
+        "error": error,
+        "lease_expires_at": None,
+        "completed_at": timezone.now(),
     }
-    now = timezone.now()
-    records().filter(pk=record.pk, fence=record.fence).exclude(status=Status.SUCCEEDED).update(
-        status=Status.FAILED, error=error, lease_expires_at=None, completed_at=now
-    )
+    if at_least_attempts is not None:  # failed for good: no later delivery may claim it again
+        changes["attempts"] = Greatest(F("attempts"), Value(at_least_attempts))
+    return bool(held.update(**changes))
+
+
+def _held(claim: Claim) -> Any:
+    return records().filter(pk=claim.record.pk, fence=claim.fence, status=Status.IN_PROGRESS)
+
+
+def fail(claim: Claim, error: dict[str, str], *, for_good_after: int | None = None) -> bool:
+    """Mark the key FAILED (retryable, or for good with ``for_good_after``); False if the fence moved on."""
+    return _mark_failed(_held(claim), error, at_least_attempts=for_good_after)
+
+
+def exhaust(record: IdempotencyRecord, max_attempts: int) -> bool:
+    """Fail a key for good (it used up ``max_attempts`` claims); False if a live holder has it."""
+    last = record.error or {}
+    message = f"{record.attempts} attempts used, max_attempts is {max_attempts}."
+    if last.get("type") and last.get("type") != "AttemptsExhausted":
+        message += f" Last error: {last['type']}: {last.get('message', '')}"
+    error = error_shape("AttemptsExhausted", message)
+    if not _mark_failed(records().claimable().filter(pk=record.pk, fence=record.fence), error):
+        return bool(
+            record.status == Status.FAILED and (record.error or {}).get("type") == "AttemptsExhausted"
+        )
     record.status, record.error = Status.FAILED, error
+    return True
 
 
 def is_exhausted(record: IdempotencyRecord, max_attempts: int) -> bool:
@@ -202,56 +229,28 @@ def is_exhausted(record: IdempotencyRecord, max_attempts: int) -> bool:
     return record.status != Status.SUCCEEDED and record.attempts >= max_attempts
 
 
-def describe_error(exc: BaseException) -> dict[str, str]:
-    """The JSON stored for a failure: type, message and traceback."""
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-    }
-
-
-def encode_result(value: Any, max_bytes: int) -> tuple[Any, str | None]:
-    """The JSON form stored for ``value``, or (None, why it cannot be stored)."""
-    try:
-        text = canonical_json(value)
-    except (TypeError, ValueError) as exc:
-        return None, f"The result is not JSON serializable: {exc}"
-    if len(text.encode()) > max_bytes:
-        return None, (
-            f"The result is {len(text.encode())} bytes of JSON, over "
-            f"IDEMPOTENT_TASKS_MAX_RESULT_BYTES ({max_bytes})."
-        )
-    return json.loads(text), None
-
-
 def release_lease(record: IdempotencyRecord, by: str, *, force: bool = False) -> bool:
     """Mark an IN_PROGRESS record FAILED so the next delivery reruns it; live leases need force."""
-    now = timezone.now()
     held = records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS)
     if not force:
-        held = held.filter(Q(lease_expires_at__lt=now) | Q(lease_expires_at__isnull=True))
-    error = {
-        "type": "LeaseReleased",
-        "message": f"Lease released by {by} at {now.isoformat()}.",
-        "traceback": "",
-    }
-    return bool(held.update(status=Status.FAILED, error=error, lease_expires_at=None, completed_at=now))
+        held = held.not_live()
+    return _mark_failed(
+        held, error_shape("LeaseReleased", f"Lease released by {by} at {timezone.now().isoformat()}.")
+    )
 
 
 def fail_task(scope: str, key: str, task_id: str, error: dict[str, str]) -> bool:
     """Mark the key FAILED if the delivery ``task_id`` still holds it (its process was killed)."""
-    now = timezone.now()
-    return bool(
-        records()
-        .filter(scope=scope, key=key, task_id=task_id, status=Status.IN_PROGRESS)
-        .update(status=Status.FAILED, error=error, lease_expires_at=None, completed_at=now)
-    )
+    record = records().filter(scope=scope, key=key, task_id=task_id, status=Status.IN_PROGRESS).first()
+    if record is None:
+        return False
+    # By fence: if another delivery took the key over since, this write matches nothing.
+    return _mark_failed(records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS), error)
 
 
 def purgeable(queryset: Any) -> Any:
     """``queryset`` without the IN_PROGRESS records whose lease is live: those are never purged."""
-    return queryset.exclude(status=Status.IN_PROGRESS, lease_expires_at__gte=timezone.now())
+    return queryset.not_live()
 
 
 def purge(queryset: Any, *, batch_size: int, progress: Any = None) -> int:

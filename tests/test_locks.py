@@ -4,7 +4,8 @@ from collections.abc import Callable
 
 import redis
 
-from django_idempotent_tasks.locks import Heartbeat, RedisLock, lock_holder
+from django_idempotent_tasks.heartbeat import Heartbeat
+from django_idempotent_tasks.locks import RedisLock, lock_holder
 from tests.helpers import wait_for
 
 
