@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import task_postrun
+from django.db import OperationalError, connection
 
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import IdempotentTask
@@ -225,3 +226,66 @@ def fails_for_good(self: Any, value: int) -> None:
     """tests/test_testing.py: the body runs once, fails, and the key is then exhausted."""
     effect(self, value)
     raise RuntimeError(f"failed with {value}")
+
+
+def cut_connection_when_idle() -> None:
+    """Make the server drop this connection after 1 s idle (P7: pooler timeout, failover)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET idle_session_timeout = '1s'")
+        elif connection.vendor == "mysql":
+            cursor.execute("SET SESSION wait_timeout = 1")
+
+
+@shared_task(base=IdempotentTask, bind=True, ignore_result=True)
+def outlives_its_connection(self: Any, sleep: float) -> dict[str, Any]:
+    """tests/test_connection_loss.py: the body's connection is cut while it sleeps."""
+    cut_connection_when_idle()
+    control().incr(f"calls:{self.idempotency.key}")
+    time.sleep(sleep)
+    return {"fence": self.idempotency.fence}
+
+
+@shared_task(
+    base=IdempotentTask,
+    bind=True,
+    autoretry_for=(OperationalError,),
+    max_retries=1,
+    default_retry_delay=0,
+    max_attempts=10,
+    ignore_result=True,
+)
+def deadlocks(self: Any) -> None:
+    """tests/test_connection_loss.py: the body's own OperationalError, on a healthy connection."""
+    control().incr(f"calls:{self.idempotency.key}")
+    raise OperationalError("deadlock detected")
+
+
+REFUSED = {
+    "nan": float("nan"),
+    "inf": float("inf"),
+    "-inf": float("-inf"),
+    "nul": "abc\x00def",
+    "surrogate": "abc\udc80def",
+}
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def refused_result(self: Any, kind: str) -> Any:
+    """tests/test_refused_values.py: returns a value some database refuses."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return {"ratio": REFUSED[kind]}
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def refused_step(self: Any, kind: str) -> Any:
+    """tests/test_refused_values.py: a step returns a value some database refuses."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return self.idempotency.step("refused", lambda: [REFUSED[kind]])
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def refused_error(self: Any, kind: str) -> Any:
+    """tests/test_refused_values.py: fails with a message some database refuses."""
+    control().incr(f"calls:{self.idempotency.key}")
+    raise RuntimeError(f"bad record: ab{REFUSED[kind]}cd")

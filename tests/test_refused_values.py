@@ -1,0 +1,69 @@
+"""Values the database refuses (NaN, ±Infinity, NUL, lone surrogates) never re-run a body or leave a key stuck.
+
+Runs on whichever database DATABASE_URL names: PostgreSQL, MariaDB or SQLite.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from django_idempotent_tasks import signals
+from django_idempotent_tasks.exceptions import AttemptsExhausted
+from django_idempotent_tasks.models import IdempotencyRecord
+from tests.testapp import tasks
+from tests.testapp.faults import control
+
+pytestmark = pytest.mark.django_db(transaction=True)
+KINDS = sorted(tasks.REFUSED)
+
+
+def calls(key: str) -> int:
+    return int(control().get(f"calls:{key}") or 0)
+
+
+def run(task: Any, kind: str, key: str) -> Any:
+    return task.apply((kind,), {"idempotency_key": key}, throw=True).get()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_result_marks_the_key_done_and_replays(kind: str) -> None:
+    reasons: list[str] = []
+
+    def unstorable(sender: Any, reason: str, **kwargs: Any) -> None:
+        reasons.append(reason)
+
+    signals.result_unstorable.connect(unstorable)
+    try:
+        assert run(tasks.refused_result, kind, f"r-{kind}") is None
+        assert run(tasks.refused_result, kind, f"r-{kind}") is None
+    finally:
+        signals.result_unstorable.disconnect(unstorable)
+    record = IdempotencyRecord.objects.get(key=f"r-{kind}")
+    assert (record.status, record.result, record.error["type"]) == ("SUCCEEDED", None, "UnstorableResult")
+    assert len(reasons) == 1 and reasons[0] in record.error["message"]
+    assert calls(f"r-{kind}") == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_step_value_fails_the_key_for_good(kind: str) -> None:
+    with pytest.raises(ValueError, match="Step 'refused' cannot be checkpointed"):
+        run(tasks.refused_step, kind, f"s-{kind}")
+    with pytest.raises(AttemptsExhausted, match="Step 'refused' cannot be checkpointed"):
+        run(tasks.refused_step, kind, f"s-{kind}")
+    record = IdempotencyRecord.objects.get(key=f"s-{kind}")
+    assert (record.status, record.steps) == ("FAILED", {})
+    assert calls(f"s-{kind}") == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_refused_error_message_is_stored_escaped(kind: str) -> None:
+    with pytest.raises(RuntimeError, match="bad record"):
+        run(tasks.refused_error, kind, f"e-{kind}")
+    record = IdempotencyRecord.objects.get(key=f"e-{kind}")
+    assert record.status == "FAILED"
+    assert record.error["type"] == "RuntimeError"
+    assert record.error["message"].startswith("bad record: ab") and record.error["message"].endswith("cd")
+    assert "bad record" in record.error["traceback"]
+    assert calls(f"e-{kind}") == 1
