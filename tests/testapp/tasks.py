@@ -253,7 +253,6 @@ def outlives_its_connection(self: Any, sleep: float) -> dict[str, Any]:
     max_retries=1,
     default_retry_delay=0,
     max_attempts=10,
-    ignore_result=True,
 )
 def deadlocks(self: Any) -> None:
     """tests/test_connection_loss.py: the body's own OperationalError, on a healthy connection."""

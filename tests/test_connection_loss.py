@@ -1,0 +1,53 @@
+"""A body that outlives its own database connection completes once (P7), with real prefork workers.
+
+PostgreSQL (``idle_session_timeout``) and MariaDB (``wait_timeout``) cut an idle connection; SQLite
+has no server connection to cut.
+"""
+
+from __future__ import annotations
+
+import pytest
+from django.db import connection
+
+from django_idempotent_tasks.models import IdempotencyRecord
+from tests.helpers import Worker, wait_for
+from tests.testapp import tasks
+from tests.testapp.faults import control
+
+pytestmark = [
+    pytest.mark.workers,
+    pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server connection to cut"),
+]
+PAST_THE_CUT = 3  # seconds the body sleeps: the server drops its connection after 1 s idle
+WAIT = 90
+
+
+def calls(key: str) -> int:
+    return int(control().get(f"calls:{key}") or 0)
+
+
+def settled(key: str) -> IdempotencyRecord:
+    record: IdempotencyRecord = wait_for(
+        lambda: IdempotencyRecord.objects.exclude(status="IN_PROGRESS").filter(key=key).first(),
+        timeout=WAIT,
+        what=f"{key} to settle",
+    )
+    return record
+
+
+def test_a_body_that_outlives_its_connection_completes_once(running_workers: list[Worker]) -> None:
+    tasks.outlives_its_connection.delay(PAST_THE_CUT, idempotency_key="p7")
+    record = settled("p7")
+    assert (record.status, record.fence, record.attempts, record.result) == ("SUCCEEDED", 1, 1, {"fence": 1})
+    assert calls("p7") == 1
+
+
+def test_the_bodys_own_operational_error_follows_its_retry_policy(running_workers: list[Worker]) -> None:
+    result = tasks.deadlocks.delay(idempotency_key="deadlock")
+    result.get(timeout=WAIT, propagate=False)
+    # One run and the one autoretry of max_retries=1, then the task fails with the body's error:
+    # never re-queued as if its connection had died.
+    assert (result.state, type(result.result).__name__) == ("FAILURE", "OperationalError")
+    record = settled("deadlock")
+    assert (record.status, record.attempts, record.error["type"]) == ("FAILED", 2, "OperationalError")
+    assert calls("deadlock") == 2
