@@ -8,7 +8,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import task_postrun
-from django.db import OperationalError, connection
+from django.db import OperationalError, connection, transaction
 
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import IdempotentTask
@@ -288,3 +288,27 @@ def refused_error(self: Any, kind: str) -> Any:
     """tests/test_refused_values.py: fails with a message some database refuses."""
     control().incr(f"calls:{self.idempotency.key}")
     raise RuntimeError(f"bad record: ab{REFUSED[kind]}cd")
+
+
+@shared_task(base=IdempotentTask, bind=True, atomic=True)
+def atomic_step(self: Any) -> Any:
+    """tests/test_transactions.py: a step inside the atomic body's transaction."""
+    return self.idempotency.step("pay", lambda: control().incr(f"calls:{self.idempotency.key}"))
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def step_in_own_transaction(self: Any) -> Any:
+    """tests/test_transactions.py: a step inside the body's own transaction.atomic()."""
+    with transaction.atomic():
+        return self.idempotency.step("pay", lambda: control().incr(f"calls:{self.idempotency.key}"))
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=1, on_conflict="raise")
+def notices_lost_lease(self: Any) -> Any:
+    """tests/test_transactions.py: another delivery takes the key over while this body sleeps."""
+    IdempotencyRecord.objects.filter(key=self.idempotency.key).update(fence=99)
+    wait = time.monotonic() + 10
+    while not self.idempotency.lease_lost and time.monotonic() < wait:
+        time.sleep(0.05)  # the heartbeat renews every lock_ttl / 3 s and finds the fence moved on
+    control().set(f"lost:{self.idempotency.key}", int(self.idempotency.lease_lost))
+    return self.idempotency.step("after", lambda: control().incr(f"calls:{self.idempotency.key}"))
