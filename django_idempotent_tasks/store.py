@@ -239,9 +239,11 @@ def release_lease(record: IdempotencyRecord, by: str, *, force: bool = False) ->
     )
 
 
-def fail_task(scope: str, key: str, task_id: str, error: dict[str, str]) -> bool:
-    """Mark the key FAILED if the delivery ``task_id`` still holds it (its process was killed)."""
-    record = records().filter(scope=scope, key=key, task_id=task_id, status=Status.IN_PROGRESS).first()
+def fail_task(scope: str, key: str, task_id: str, error: dict[str, str], worker: str | None = None) -> bool:
+    """Mark the key FAILED if the delivery ``task_id`` (in process ``worker``) still holds it: it was killed."""
+    held = records().filter(scope=scope, key=key, task_id=task_id, status=Status.IN_PROGRESS)
+    # A redelivery of the same message carries the same task id: the killed child's pid tells them apart.
+    record = (held if worker is None else held.filter(worker=worker)).first()
     if record is None:
         return False
     # By fence: if another delivery took the key over since, this write matches nothing.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,10 +72,12 @@ class IdempotentRequest(Request):
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
         super().on_timeout(soft, timeout)
-        # Celery 5.5+ also calls Task.on_failure here; Celery 5.4 does not, so do it for both.
+        # Here rather than in Task.on_failure (which Celery 5.4 does not call on a timeout): only the
+        # request knows the killed child's pid, which tells its claim from a redelivery's.
         task: Any = self.task
         if not soft and isinstance(task, IdempotentTask):
-            task.free_timed_out_claim(self.id, self.kwargs, TimeLimitExceeded(timeout))
+            worker = f"{socket.gethostname()}:{self.worker_pid}" if self.worker_pid else None
+            task.free_timed_out_claim(self.id, self.kwargs, TimeLimitExceeded(timeout), worker)
 
 
 class IdempotentTask(Base):
@@ -221,18 +224,15 @@ class IdempotentTask(Base):
         self.signature_from_request(request, countdown=conf.CONFLICT_RETRY_DELAY).apply_async()
         raise Ignore()
 
-    def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:
-        if isinstance(exc, TimeLimitExceeded):
-            self.free_timed_out_claim(task_id, kwargs, exc)
-        super().on_failure(exc, task_id, args, kwargs, einfo)
-
-    def free_timed_out_claim(self, task_id: str, kwargs: Any, exc: BaseException) -> None:
+    def free_timed_out_claim(
+        self, task_id: str, kwargs: Any, exc: BaseException, worker: str | None = None
+    ) -> None:
         """Mark FAILED the key a delivery killed by a hard time limit still holds (a no-op otherwise)."""
         # The child dies before it can record anything and the message is acked, so free the claim
         # here (in the worker's main process) or the key stays IN_PROGRESS.
         if isinstance(kwargs, dict) and KEY_ARGUMENT in kwargs:
             scope = self.idempotency_scope or self.name
-            store.fail_task(scope, kwargs[KEY_ARGUMENT], task_id, store.describe_error(exc))
+            store.fail_task(scope, kwargs[KEY_ARGUMENT], task_id, store.describe_error(exc), worker)
 
 
 @shared_task(name="django_idempotent_tasks.purge_expired_records", ignore_result=True)

@@ -102,3 +102,15 @@ def test_leases_are_judged_on_the_database_clock() -> None:
     assert list(IdempotencyRecord.objects.live()) == [record]
     assert not IdempotencyRecord.objects.stuck().exists()
     assert not IdempotencyRecord.objects.claimable().exists()
+
+
+def test_a_hard_time_limit_frees_only_the_killed_childs_claim() -> None:
+    # The message came back with the same task id and another child took the key over.
+    redelivered = expired_record(
+        task_id="t", worker="host:2", lease_expires_at=timezone.now() + timedelta(seconds=60)
+    )
+    error = store.error_shape("TimeLimitExceeded", "TimeLimitExceeded(2)")
+    assert not store.fail_task("s", "k", "t", error, worker="host:1")
+    assert IdempotencyRecord.objects.get(pk=redelivered.pk).status == "IN_PROGRESS"
+    assert store.fail_task("s", "k", "t", error, worker="host:2")
+    assert IdempotencyRecord.objects.get(pk=redelivered.pk).status == "FAILED"
