@@ -20,7 +20,7 @@ from django_idempotent_tasks.exceptions import (
     LeaseLost,
     TaskInProgress,
 )
-from django_idempotent_tasks.heartbeat import Heartbeat
+from django_idempotent_tasks.heartbeat import Heartbeat, held_write, renew
 from django_idempotent_tasks.idempotency import Idempotency
 from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
 from django_idempotent_tasks.models import IdempotencyRecord
@@ -29,7 +29,6 @@ from django_idempotent_tasks.values import UnstorableValue
 logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
 Body = Callable[[Idempotency], Any]
-RECONNECT_PAUSE = 0.1  # first pause before writing again on a fresh connection; doubles up to 1 s
 _body_error: ContextVar[BaseException | None] = ContextVar("idempotency_body_error", default=None)
 
 
@@ -256,27 +255,6 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
     return stored
 
 
-def held_write(delivery: Delivery, heartbeat: Heartbeat, write: Callable[[], bool]) -> bool:
-    """A fenced write; on a broken connection, reconnect and write again while the lease is ours."""
-    connection, pause = connections[store.database()], RECONNECT_PAUSE
-    while True:
-        try:
-            return write()
-        except (OperationalError, InterfaceError) as exc:
-            # In an atomic body the transaction died with its connection: nothing is left to complete.
-            if delivery.atomic or connection.in_atomic_block or connection.is_usable():
-                raise
-            if heartbeat.lost.is_set() or time.monotonic() + pause > heartbeat.lease_until:
-                raise
-            logger.warning(
-                "%s: its database connection broke (%r); reconnecting to write again.", delivery.label, exc
-            )
-            with contextlib.suppress(DatabaseError):
-                connection.close()
-            time.sleep(pause)
-            pause = min(pause * 2, 1.0)
-
-
 def lease_lost(delivery: Delivery, claim: store.Claim) -> Any:
     """A newer holder took over: answer with its result, or treat it as a conflict."""
     logger.warning("%s lost its lease (fence %d); its completion was refused.", delivery.label, claim.fence)
@@ -300,29 +278,3 @@ def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException, h
         delivery.send(signals.task_failed, fence=claim.fence, exc=cause)
     else:
         logger.warning("%s failed with %r after losing its lease.", delivery.label, cause)
-
-
-def renew(delivery: Delivery, claim: store.Claim, lock: RedisLock | None, heartbeat: Heartbeat) -> bool:
-    """Extend the database lease, then the Redis lock; returns False once the lease is lost."""
-    started = time.monotonic()
-    try:
-        renewed = store.renew(claim, delivery.lock_ttl)
-    except Exception as exc:
-        logger.warning("%s could not renew its lease: %r.", delivery.label, exc)
-        renewed = None
-    finally:
-        connections.close_all()
-    if renewed is False:
-        heartbeat.lost.set()
-        if not heartbeat.completing.is_set():  # else our own completion (or failure) has landed
-            logger.warning("%s lost its lease (fence %d) while running.", delivery.label, claim.fence)
-            delivery.send(signals.lease_lost, fence=claim.fence)
-        return False
-    if renewed:
-        heartbeat.lease_until = started + delivery.lock_ttl
-    try:
-        if lock is not None and not lock.extend():
-            logger.warning("%s: its Redis lock was lost; the database lease still guards it.", delivery.label)
-    except RedisError as exc:
-        logger.warning("%s could not renew its Redis lock: %r.", delivery.label, exc)
-    return True
