@@ -19,6 +19,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 KINDS = sorted(tasks.REFUSED)
 
 
+def error_of(record: IdempotencyRecord) -> dict[str, str]:
+    assert record.error is not None
+    return dict(record.error)
+
+
 def calls(key: str) -> int:
     return int(control().get(f"calls:{key}") or 0)
 
@@ -41,8 +46,8 @@ def test_a_refused_result_marks_the_key_done_and_replays(kind: str) -> None:
     finally:
         signals.result_unstorable.disconnect(unstorable)
     record = IdempotencyRecord.objects.get(key=f"r-{kind}")
-    assert (record.status, record.result, record.error["type"]) == ("SUCCEEDED", None, "UnstorableResult")
-    assert len(reasons) == 1 and reasons[0] in record.error["message"]
+    assert (record.status, record.result, error_of(record)["type"]) == ("SUCCEEDED", None, "UnstorableResult")
+    assert len(reasons) == 1 and reasons[0] in error_of(record)["message"]
     assert calls(f"r-{kind}") == 1
 
 
@@ -63,7 +68,9 @@ def test_a_refused_error_message_is_stored_escaped(kind: str) -> None:
         run(tasks.refused_error, kind, f"e-{kind}")
     record = IdempotencyRecord.objects.get(key=f"e-{kind}")
     assert record.status == "FAILED"
-    assert record.error["type"] == "RuntimeError"
-    assert record.error["message"].startswith("bad record: ab") and record.error["message"].endswith("cd")
-    assert "bad record" in record.error["traceback"]
+    assert error_of(record)["type"] == "RuntimeError"
+    assert error_of(record)["message"].startswith("bad record: ab") and error_of(record)["message"].endswith(
+        "cd"
+    )
+    assert "bad record" in error_of(record)["traceback"]
     assert calls(f"e-{kind}") == 1

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from django_idempotent_tasks import store
 from django_idempotent_tasks.exceptions import LeaseLost
-from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
 from tests.testapp import tasks
 from tests.testapp.faults import control
 from tests.testapp.models import Effect
@@ -92,13 +92,13 @@ def test_exhaust_spares_a_live_holder_and_a_moved_fence() -> None:
     assert not store.exhaust(stale, max_attempts=5)
     assert IdempotencyRecord.objects.get(pk=live.pk).status == "IN_PROGRESS"
     assert store.exhaust(IdempotencyRecord.objects.get(pk=live.pk), max_attempts=5)
-    assert IdempotencyRecord.objects.get(pk=live.pk).error["type"] == "AttemptsExhausted"
+    assert (IdempotencyRecord.objects.get(pk=live.pk).error or {})["type"] == "AttemptsExhausted"
 
 
 def test_leases_are_judged_on_the_database_clock() -> None:
     # A lease 30 s in the future of the database clock is live, whatever this process's clock says.
     record = expired_record()
-    IdempotencyRecord.objects.filter(pk=record.pk).update(lease_expires_at=store.DatabaseNow(30))
+    IdempotencyRecord.objects.filter(pk=record.pk).update(lease_expires_at=DatabaseNow(30))
     assert list(IdempotencyRecord.objects.live()) == [record]
     assert not IdempotencyRecord.objects.stuck().exists()
     assert not IdempotencyRecord.objects.claimable().exists()
