@@ -18,6 +18,7 @@ from tests.chaosapp.models import ChaosEffect
 Status = IdempotencyRecord.Status
 # Seconds before a PostgreSQL restart in which a body's external call counts as cut off by it.
 RESTART_REACH = 10
+ATOMIC_TASKS = ("chaos.effect", "chaos.slow", "chaos.poison")
 
 
 @dataclass
@@ -116,10 +117,18 @@ def check(
     terminated: set[str],
     taken_over: set[str],
     restarts: list[tuple[float, float]],
+    untaken: set[str] | None = None,
 ) -> Verdict:
     verdict = Verdict()
     bad = verdict.violations.append
     records = observed.records
+    # Skewed clocks, a connection cut mid-body and a refused result must not cost a second claim.
+    for key in sorted(untaken or ()):
+        record = records.get(key)
+        if record is not None and (record.status, record.fence) != (Status.SUCCEEDED, 1):
+            bad(
+                f"{key}: expected SUCCEEDED under its first claim, found {record.status} fence {record.fence}"
+            )
     # The faults that kill a holder mid-body leave their mark: a later fence took the key over.
     for key in sorted(taken_over):
         record = records.get(key)
@@ -128,7 +137,9 @@ def check(
     # I1: the database effect of every key exists exactly once (none for a key that failed).
     for key in sorted(observed.keys):
         record = records.get(key)
-        wanted = 1 if record is not None and record.status == Status.SUCCEEDED else 0
+        # Non-atomic bodies make no database effect: their effect is the external call (I6).
+        atomic = record is not None and record.task_name in ATOMIC_TASKS
+        wanted = 1 if atomic and record is not None and record.status == Status.SUCCEEDED else 0
         if observed.effects[key] != wanted:
             bad(f"I1 {key}: {observed.effects[key]} database effects, expected {wanted}")
     # I2 and I4: every key SUCCEEDED, or FAILED with a reason; none left IN_PROGRESS.
@@ -197,6 +208,8 @@ def check(
             "keys": len(observed.keys),
             "body executions": observed.bodies,
             "max database effects for a key": max(observed.effects.values(), default=0),
+            "max external calls for a key": max((len(e) for e in observed.ledger.values()), default=0),
+            "keys of non-atomic tasks": sum(1 for r in records.values() if r.task_name not in ATOMIC_TASKS),
             "keys SUCCEEDED": sum(1 for r in records.values() if r.status == Status.SUCCEEDED),
             "keys FAILED with a reason": len(failed),
             "keys lost": len(lost),

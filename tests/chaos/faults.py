@@ -17,10 +17,11 @@ from django.utils import timezone
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests.chaos import guarantee_faults
 from tests.chaos.plan import Fault
 from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool, children, kill_group
 from tests.chaosapp import control
-from tests.chaosapp.tasks import LEASE, URGENT, chaos_effect, chaos_slow
+from tests.chaosapp.tasks import LEASE, URGENT, chaos_effect, chaos_slow, task_for
 from tests.helpers import wait_for
 
 T = TypeVar("T")
@@ -90,12 +91,12 @@ def arm_child_kill(ctx: Context, fault: Fault) -> None:
 
 def insert_stale_row(ctx: Context, fault: Fault) -> None:
     """P6: an IN_PROGRESS row whose holder vanished long ago."""
-    value = int(fault.key.rsplit("-", 1)[1])
+    value, task = int(fault.key.rsplit("-", 1)[1]), task_for(fault.key)
     IdempotencyRecord.objects.create(
-        scope=chaos_effect.name,
+        scope=task.name,
         key=fault.key,
-        task_name=chaos_effect.name,
-        fingerprint=chaos_effect._fingerprint((value,), {}),
+        task_name=task.name,
+        fingerprint=task._fingerprint((value,), {}),
         task_id="stale",
         worker="gone:1",
         started_at=timezone.now() - timedelta(hours=1),
@@ -264,6 +265,10 @@ def pg_restart(ctx: Context, fault: Fault) -> None:
 
 
 INJECTORS: dict[str, Callable[[Context, Fault], None]] = {
+    "skew_ahead": guarantee_faults.skew_ahead,
+    "skew_behind": guarantee_faults.skew_behind,
+    "connection_cut": guarantee_faults.connection_cut,
+    "refused_value": guarantee_faults.refused_value,
     "child_kill": arm_child_kill,
     "stale_row": insert_stale_row,
     "pause": pause,

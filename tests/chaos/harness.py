@@ -16,10 +16,10 @@ from django.db import connections
 
 from tests.chaos import checker
 from tests.chaos.faults import INJECTORS, Context
-from tests.chaos.plan import BEFORE_COMPLETION, Plan, value_of
+from tests.chaos.plan import BEFORE_COMPLETION, UNTAKEN, Plan, value_of
 from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool
 from tests.chaosapp import control
-from tests.chaosapp.tasks import chaos_effect
+from tests.chaosapp.tasks import task_for
 from tests.helpers import wait_for
 
 # The schedule waits while more messages than this are queued.
@@ -100,7 +100,8 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
     """Run ``plan`` against two real workers and return what the checker found."""
     started = time.monotonic()
     lock_redis = LockRedis(lock_port)
-    pool = WorkerPool({**env, "IDEMPOTENT_TESTS_LOCK_REDIS_URL": lock_redis.url})
+    skewed = any(fault.kind in ("skew_ahead", "skew_behind") for fault in plan.faults)
+    pool = WorkerPool({**env, "IDEMPOTENT_TESTS_LOCK_REDIS_URL": lock_redis.url}, skewed=skewed)
     send = Sender()
     threads: list[threading.Thread] = []
     errors: list[str] = []
@@ -120,7 +121,7 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
             now = clock.now()
             while sends and sends[0][0] <= now:
                 key = sends.pop(0)[1]
-                send(chaos_effect, key, (value_of(key),))
+                send(task_for(key), key, (value_of(key),))
             while timed and timed[0].at <= now:
                 thread = threading.Thread(target=strike, args=(ctx, timed.pop(0), errors), daemon=True)
                 thread.start()
@@ -150,7 +151,8 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
             for f in plan.faults
             if (f.kind == "child_kill" and f.point in BEFORE_COMPLETION) or f.kind == "stale_row"
         } | ctx.cut_off
-        verdict = checker.check(observed, ctx.stopped, ctx.terminated, taken_over, ctx.restarts)
+        untaken = {f.key for f in plan.faults if f.kind in UNTAKEN}
+        verdict = checker.check(observed, ctx.stopped, ctx.terminated, taken_over, ctx.restarts, untaken)
         verdict.violations += [f"I2 {key}: not final {SETTLE_SECONDS} s after the last fault" for key in late]
         verdict.figures["keys not final within the bound"] = len(late)
         injected = dict(ctx.injected)

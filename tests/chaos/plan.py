@@ -47,6 +47,10 @@ TIER1 = Tier(
         "clock_jump": 1,
         "backend_kill": 2,
         "stale_row": 1,
+        "skew_ahead": 1,
+        "skew_behind": 1,
+        "connection_cut": 2,
+        "refused_value": 2,
     },
 )
 
@@ -104,7 +108,19 @@ class Plan:
 
 # Faults that send their own key and strike while its holder is inside the body; the lock-Redis
 # faults then send a duplicate, which the database lease must turn away.
-KEYED = ("pause", "backend_kill", "lock_restart", "eviction", "clock_jump")
+KEYED = (
+    "pause",
+    "backend_kill",
+    "lock_restart",
+    "eviction",
+    "clock_jump",
+    "skew_ahead",
+    "skew_behind",
+    "connection_cut",
+    "refused_value",
+)
+# Of those, the faults whose key must complete under its first claim: no take-over, one body.
+UNTAKEN = ("skew_ahead", "skew_behind", "connection_cut", "refused_value")
 
 
 def seed_from_env() -> int:

@@ -35,6 +35,10 @@ return n
 """
 
 
+FAKETIME_LIBRARY = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1"
+SKEWS = {"ahead": "+300s", "behind": "-300s"}
+
+
 def kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
     """Signal a process group that may already be gone."""
     with contextlib.suppress(ProcessLookupError):
@@ -115,13 +119,31 @@ class LockRedis:
 class WorkerPool:
     """Two ``celery worker -P prefork -c 2`` slots; a fault may kill a slot's worker and restart it."""
 
-    def __init__(self, env: dict[str, str], size: int = 2) -> None:
+    def __init__(self, env: dict[str, str], size: int = 2, skewed: bool = False) -> None:
         # pytest-django exports DJANGO_SETTINGS_MODULE=tests.settings: override it, or the workers
         # would run without the short visibility timeout and never restore a lost worker's messages.
         self.env = {**env, "DJANGO_SETTINGS_MODULE": "tests.chaosapp.settings"}
         self.slots = [self._new(n) for n in range(size)]
         self.locks = [threading.Lock() for _ in range(size)]
         self.every: list[Worker] = []
+        # C1/C2: one worker 300 s ahead and one 300 s behind, each on its own queue.
+        self.skewed = [self._skewed(name, offset) for name, offset in SKEWS.items()] if skewed else []
+
+    def _skewed(self, name: str, offset: str) -> Worker:
+        env = {
+            **self.env,
+            "DJANGO_SETTINGS_MODULE": "tests.chaosapp.settings_skewed",
+            "LD_PRELOAD": FAKETIME_LIBRARY,  # never given to redis-server, which it crashes
+            "FAKETIME": offset,
+            "FAKETIME_DONT_RESET": "1",
+        }
+        return Worker(
+            f"chaos-{name}",
+            env,
+            concurrency=1,
+            app="tests.chaosapp.celery_app",
+            extra=("-Q", f"chaos.{name}"),
+        )
 
     def _new(self, n: int) -> Worker:
         worker = Worker(
@@ -130,7 +152,7 @@ class WorkerPool:
         return worker
 
     def start(self) -> None:
-        for worker in self.slots:
+        for worker in self.slots + self.skewed:
             self.every.append(worker)
             worker.start()
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import task_postrun, task_received
+from django.db import connection
 
 from django_idempotent_tasks.tasks import IdempotentTask
 from tests.chaosapp import control
@@ -20,15 +21,16 @@ LEASE = 6
 URGENT = "chaos.urgent"
 
 
-def run_body(task: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+def run_body(task: Any, value: Any, sleep: float = 0, database: bool = True) -> dict[str, Any]:
     idem = task.idempotency
     control.body_started()
     control.reached("after_claim", idem.key)
     control.external_call(idem.key, idem.fence, task.request.id or "")
     control.reached("after_external", idem.key)
-    ChaosEffect.objects.create(
-        key=idem.key, task=task.name, pid=os.getpid(), fence=idem.fence, recovered=idem.recovered
-    )
+    if database:  # a non-atomic body's effect is its external call only
+        ChaosEffect.objects.create(
+            key=idem.key, task=task.name, pid=os.getpid(), fence=idem.fence, recovered=idem.recovered
+        )
     control.reached("after_effect", idem.key)
     time.sleep(sleep)
     return {"key": idem.key, "value": value, "fence": idem.fence, "pid": os.getpid()}
@@ -37,6 +39,32 @@ def run_body(task: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
 @shared_task(base=IdempotentTask, bind=True, name="chaos.effect", atomic=True, lock_ttl=LEASE)
 def chaos_effect(self: Any, value: int) -> dict[str, Any]:
     return run_body(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True, name="chaos.external", lock_ttl=LEASE)
+def chaos_external(self: Any, value: int) -> dict[str, Any]:
+    """Half of the mix: a non-atomic body whose effect is outside the database."""
+    return run_body(self, value, database=False)
+
+
+def task_for(key: str) -> Any:
+    """Odd keys run non-atomic (external effect only), even keys atomic (plus a database effect)."""
+    return chaos_external if int(key.rsplit("-", 1)[1]) % 2 else chaos_effect
+
+
+@shared_task(base=IdempotentTask, bind=True, name="chaos.cut", lock_ttl=LEASE)
+def chaos_cut(self: Any, value: int) -> dict[str, Any]:
+    """P7: the server cuts this body's idle connection while it sleeps; the completion reconnects."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET idle_session_timeout = '1s'")
+    return run_body(self, value, sleep=3, database=False)
+
+
+@shared_task(base=IdempotentTask, bind=True, name="chaos.refused", lock_ttl=LEASE)
+def chaos_refused(self: Any, value: int) -> Any:
+    """V1: a result no database stores; the key is still done, and replays stay identical."""
+    run_body(self, value, database=False)
+    return {"ratio": float("nan"), "value": value}
 
 
 @shared_task(base=IdempotentTask, bind=True, name="chaos.slow", atomic=True, lock_ttl=2)
