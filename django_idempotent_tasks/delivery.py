@@ -238,6 +238,8 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
             done = held_write(
                 delivery, heartbeat, lambda: store.complete(claim, stored, None, delivery.record_ttl)
             )
+        except (OperationalError, InterfaceError):
+            raise  # the connection, not the value: nothing was written
         except DatabaseError as exc:  # refused for a reason we did not foresee: still done, loudly
             problem = f"The database refused the result: {exc!r}"
     if problem is not None:

@@ -123,9 +123,12 @@ def check(
     bad = verdict.violations.append
     records = observed.records
     # Skewed clocks, a connection cut mid-body and a refused result must not cost a second claim.
+    # (Unless another fault killed or stopped the first holder: then a take-over is right.)
     for key in sorted(untaken or ()):
         record = records.get(key)
-        if record is not None and (record.status, record.fence) != (Status.SUCCEEDED, 1):
+        first = {pid for pid, fence, _ in observed.ledger.get(key, []) if fence == 1}
+        struck = bool(first & (observed.dead | stopped))
+        if record is not None and (record.status, record.fence) != (Status.SUCCEEDED, 1) and not struck:
             bad(
                 f"{key}: expected SUCCEEDED under its first claim, found {record.status} fence {record.fence}"
             )
