@@ -6,6 +6,7 @@ from typing import Any
 import pytest
 import redis
 from django.conf import settings
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client, override_settings
@@ -13,6 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_idempotent_tasks import keys
+from django_idempotent_tasks.admin import actions as admin_actions
 from django_idempotent_tasks.admin.changelist import EstimatedCountPaginator
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.records import make_expired, make_failed, make_live, make_record, make_stuck, operator_scene
@@ -460,3 +462,56 @@ def test_invalid_date_parameters_redirect_before_the_hierarchy(superuser: Client
     ):
         response = superuser.get(CHANGELIST, params)
         assert response.status_code == 302 and response["Location"].endswith("?e=1")
+
+
+# The admin log: who deleted or released what.
+
+
+def log_rows() -> list[tuple[str, int, str | None, str, str]]:
+    entries = LogEntry.objects.order_by("pk")
+    return [(e.user.username, e.action_flag, e.object_id, e.object_repr, e.change_message) for e in entries]
+
+
+def test_destructive_actions_write_the_admin_log(
+    scene: dict[str, IdempotencyRecord], deleter: Client
+) -> None:
+    chosen = [scene["failed"], scene["live"]]
+    confirm = {"action": "delete_selected", "_selected_action": [r.pk for r in chosen], "post": "yes"}
+    deleter.post(CHANGELIST, confirm)
+    deleter.post(PURGE, {"post": "yes"})
+    oncall = login(staff("oncall", "view_idempotencyrecord", "release_lease"))
+    action(oncall, "release_stuck_leases", [scene["stuck"], scene["succeeded"]])
+    stuck = scene["stuck"]
+    assert log_rows() == [
+        # The live lease was spared by the delete: only the record that went is logged.
+        ("deleter", DELETION, str(scene["failed"].pk), str(scene["failed"]), "Deleted (delete_selected)."),
+        (
+            "deleter",
+            DELETION,
+            str(scene["expired"].pk),
+            str(scene["expired"]),
+            "Deleted (purge of the expired records).",
+        ),
+        (
+            "oncall",
+            CHANGE,
+            str(stuck.pk),
+            str(stuck),
+            f"Released the stuck lease of fence {stuck.fence}: the record is FAILED.",
+        ),
+    ]
+    history = reverse("admin:django_idempotent_tasks_idempotencyrecord_history", args=[stuck.pk])
+    page = (
+        login(User.objects.create_superuser("root", "root@example.com", None)).get(history).content.decode()
+    )
+    assert "Released the stuck lease" in page and "oncall" in page
+
+
+def test_a_large_purge_writes_one_admin_log_entry(deleter: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(admin_actions, "LOGGED_DELETIONS", 2)
+    for n in range(3):
+        make_expired(f"old-{n}")
+    deleter.post(PURGE, {"post": "yes"})
+    assert log_rows() == [
+        ("deleter", DELETION, None, "3 idempotency records", "Deleted (purge of the expired records).")
+    ]

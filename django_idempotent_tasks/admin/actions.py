@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -29,18 +29,46 @@ logger = logging.getLogger("django_idempotent_tasks")
 PURGE_BATCH_SIZE = 1000
 
 
-def log_entry(request: HttpRequest, flag: int, message: str, record: IdempotencyRecord | None = None) -> None:
-    """One row of the admin log ("Recent actions", an object's "History") for ``request``'s user."""
+#: Up to this many deleted records get an admin log entry each; a larger purge gets one entry.
+LOGGED_DELETIONS = 100
+
+
+def log_entries(request: HttpRequest, flag: int, message: str, records: list[tuple[Any, str]]) -> None:
+    """Rows of the admin log ("Recent actions", an object's "History") for ``request``'s user.
+
+    ``records`` are (pk, repr) pairs; (None, repr) logs the action without naming one record.
+    """
     # LogEntry.objects.log_action() is deprecated from Django 5.1 and log_actions() is missing
-    # before it: create the row directly, as both do.
-    LogEntry.objects.create(
-        user_id=request.user.pk,  # type: ignore[misc]  # the admin's users are authenticated
-        content_type_id=ContentType.objects.get_for_model(IdempotencyRecord).pk,
-        object_id=None if record is None else str(record.pk),
-        object_repr=(gettext("idempotency records") if record is None else str(record))[:200],
-        action_flag=flag,
-        change_message=message,
+    # before it: create the rows directly, as both do.
+    content_type = ContentType.objects.get_for_model(IdempotencyRecord).pk
+    LogEntry.objects.bulk_create(
+        LogEntry(
+            user_id=request.user.pk,  # type: ignore[misc]  # the admin's users are authenticated
+            content_type_id=content_type,
+            object_id=None if pk is None else str(pk),
+            object_repr=text[:200],
+            action_flag=flag,
+            change_message=message,
+        )
+        for pk, text in records
     )
+
+
+def purge_logged(request: HttpRequest, queryset: QuerySet[IdempotencyRecord], how: str) -> int:
+    """Purge ``queryset`` on the write database, logging each deleted record (or the purge, if large)."""
+    queryset = queryset.using(store.database())
+    named = list(queryset.values_list("pk", "scope", "key")[: LOGGED_DELETIONS + 1])
+    deleted = store.purge(queryset, batch_size=PURGE_BATCH_SIZE)
+    message = f"Deleted ({how})."
+    if len(named) > LOGGED_DELETIONS:
+        log_entries(request, DELETION, message, [(None, f"{deleted} idempotency records")])
+        return deleted
+    # The purge spares records that a delivery took over meanwhile: log only those it deleted.
+    kept = set(store.records().filter(pk__in=[pk for pk, _, _ in named]).values_list("pk", flat=True))
+    log_entries(
+        request, DELETION, message, [(pk, f"{scope}:{key}") for pk, scope, key in named if pk not in kept]
+    )
+    return deleted
 
 
 class RecordActions(_ModelAdmin):
@@ -66,7 +94,8 @@ class RecordActions(_ModelAdmin):
         for record in queryset & store.records().stuck():
             if store.release_lease(record, by=by):
                 released += 1
-                log_entry(request, CHANGE, f"Released the stuck lease of fence {record.fence}.", record)
+                message = f"Released the stuck lease of fence {record.fence}: the record is FAILED."
+                log_entries(request, CHANGE, message, [(record.pk, str(record))])
         logger.info("Admin user %s released stuck leases: %d.", by, released)
         if released:
             message = ngettext(
@@ -98,13 +127,13 @@ class RecordActions(_ModelAdmin):
     ) -> TemplateResponse | None:
         # Only a POST carrying the confirmation page's "post" field deletes; CSRF guards every POST.
         if request.method == "POST" and request.POST.get("post") == "yes":
-            deleted = store.purge(queryset.using(store.database()), batch_size=PURGE_BATCH_SIZE)
             # Deleting makes keys runnable again: leave a trace of who did it.
+            deleted = purge_logged(
+                request, queryset, "purge of the expired records" if action is None else action
+            )
             logger.info(
                 "Admin user %s deleted idempotency records: %d.", request.user.get_username(), deleted
             )
-            how = "the expired records" if action is None else f"action {action}"
-            log_entry(request, DELETION, f"Deleted {deleted} records ({how}).")
             message = ngettext("Deleted %(count)d record.", "Deleted %(count)d records.", deleted)
             self.message_user(request, message % {"count": deleted}, messages.SUCCESS)
             return None
