@@ -86,6 +86,10 @@ def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
 
 
 DATABASES = {"default": database_from_url(DATABASE_URL, TEST_DATABASE_NAME)}
+# A second database for the router tests (tests/test_routers.py), created only when a test asks
+# for it: a "read replica" that never receives the records, so a read or write routed there shows.
+_TEST_NAME = DATABASES["default"].get("TEST", {}).get("NAME") or f"test_{DATABASES['default']['NAME']}"
+DATABASES["replica"] = {**DATABASES["default"], "TEST": {"NAME": f"{_TEST_NAME}_replica"}}
 
 LOCK_REDIS_URL = os.environ.get("IDEMPOTENT_TESTS_LOCK_REDIS_URL", f"{REDIS_URL}/12")
 CACHES = {
