@@ -6,6 +6,8 @@ import os
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+import django
+
 DATABASE_URL = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"))
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
 # Worker subprocesses run against the database pytest-django created; the suite passes its name.
@@ -52,6 +54,14 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 
 
+# Worker processes share the file: wait for its write lock instead of failing at once, and (Django
+# 5.1+) take it when a transaction begins, since upgrading a read to a write cannot wait under WAL.
+# conftest.py turns WAL on in the test database (readers then never wait for the writer).
+SQLITE_OPTIONS: dict[str, Any] = {"timeout": 30}
+if django.VERSION >= (5, 1):
+    SQLITE_OPTIONS.update(transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL")
+
+
 def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
     """Django's DATABASES entry for a postgres://, mysql:// (MariaDB) or sqlite:/// URL."""
     scheme = url.scheme.split("+")[0]
@@ -59,8 +69,9 @@ def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
         path = url.path or "/tmp/idempotent-tests.sqlite3"
         return {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": path,
+            "NAME": name or path,
             "TEST": {"NAME": name or f"{path}-test"},
+            "OPTIONS": SQLITE_OPTIONS,
         }
     if scheme in {"mysql", "mariadb"}:
         return {

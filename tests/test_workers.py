@@ -8,10 +8,10 @@ import time
 
 import pytest
 import redis
-from django.conf import settings
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests import brokers
 from tests.helpers import Worker, wait_for
 from tests.testapp import tasks
 from tests.testapp.faults import arm, control
@@ -154,9 +154,8 @@ def test_a_poison_task_fails_for_good_after_max_attempts(running_workers: list[W
     done = finished("poison", status="FAILED")
     assert done.error is not None and done.error["type"] == "AttemptsExhausted"
     assert Effect.objects.filter(key="poison").count() == 2
-    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     wait_for(
-        lambda: broker.llen("celery") == 0 and broker.hlen("unacked") == 0,
+        lambda: brokers.pending() == 0,
         timeout=60,
         what="the poison message to leave the broker",
     )
