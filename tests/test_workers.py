@@ -107,6 +107,7 @@ def test_losing_the_redis_lock_mid_run_leaves_the_database_lease_in_charge(
     assert logged(running_workers, f"{tasks.record_effect.name}[flushed] is held by another delivery")
 
 
+@pytest.mark.row_locks
 def test_a_paused_atomic_holder_loses_its_lease_and_its_writes(running_workers: list[Worker]) -> None:
     tasks.short_lease_atomic.delay(1, 4, idempotency_key="w6")
     pid = body_pid("w6")
