@@ -60,12 +60,14 @@ test-sqlite: venv
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest --create-db -m "not chaos and not row_locks" $(PYTEST_ARGS)
 
-# The real-worker tests with RabbitMQ as the broker (records on PostgreSQL); the test setup creates
-# and deletes the vhost. The demo and the chaos suite read Redis queues, so they stay on Redis.
+# The real-worker tests with RabbitMQ as the broker (records on PostgreSQL), on classic queues and
+# then on quorum queues (countdowns then use Celery's native delayed delivery); the test setup
+# creates and deletes the vhost. The demo and the chaos suite read Redis queues: they stay on Redis.
+RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos" --ignore=tests/test_demo.py
 test-rabbitmq: venv
 	@scripts/check_services.sh
-	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) $(BIN)/python -m pytest -m "workers and not chaos" \
-		--ignore=tests/test_demo.py $(PYTEST_ARGS)
+	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
+	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) IDEMPOTENT_TESTS_QUEUE_TYPE=quorum $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
 
 # Not part of `make test`: purges 1,000,000 expired rows in its own database while another
 # process claims new keys, and prints rows/s and insert latencies. Takes a few minutes.

@@ -122,6 +122,8 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_RESULT_BACKEND = os.environ.get("IDEMPOTENT_TESTS_RESULT_URL", f"{REDIS_URL}/13")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+if os.environ.get("IDEMPOTENT_TESTS_QUEUE_TYPE"):  # "quorum": RabbitMQ's replicated queues (Celery 5.5+)
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = os.environ["IDEMPOTENT_TESTS_QUEUE_TYPE"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_DB_REUSE_MAX = 1000
 # The chaos suite's workers consume only their own queue, never the shared test workers'.
