@@ -41,6 +41,34 @@ demo: venv
 	$(BIN)/python example_project/manage.py migrate --verbosity 0
 	$(BIN)/python example_project/manage.py demo
 
+# The suite on the other backends (README, "Databases and brokers"); CI runs them after `make test`.
+# Each uses its own database or vhost, named by the URLs below, so they never touch `make test`'s.
+MARIADB_URL ?= mysql://root@localhost/idempotent_tests
+SQLITE_URL ?= sqlite:////tmp/idempotent-tests.sqlite3
+RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/idempotent-tests
+
+.PHONY: test-backends test-mariadb test-sqlite test-rabbitmq
+test-backends: test-mariadb test-sqlite test-rabbitmq
+
+# Everything, chaos tier 1 included.
+test-mariadb: venv
+	@NEED_POSTGRES=0 scripts/check_services.sh
+	DATABASE_URL=$(MARIADB_URL) $(BIN)/python -m pytest --create-db $(PYTEST_ARGS)
+
+# Everything but the chaos suite and the two pause tests marked row_locks (see the README on SQLite).
+test-sqlite: venv
+	@NEED_POSTGRES=0 scripts/check_services.sh
+	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest --create-db -m "not chaos and not row_locks" $(PYTEST_ARGS)
+
+# The real-worker tests with RabbitMQ as the broker (records on PostgreSQL), on classic queues and
+# then on quorum queues (countdowns then use Celery's native delayed delivery); the test setup
+# creates and deletes the vhost. The demo and the chaos suite read Redis queues: they stay on Redis.
+RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos" --ignore=tests/test_demo.py
+test-rabbitmq: venv
+	@scripts/check_services.sh
+	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
+	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) IDEMPOTENT_TESTS_QUEUE_TYPE=quorum $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
+
 # Not part of `make test`: purges 1,000,000 expired rows in its own database while another
 # process claims new keys, and prints rows/s and insert latencies. Takes a few minutes.
 purge-timing: venv

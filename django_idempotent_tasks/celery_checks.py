@@ -14,7 +14,14 @@ from django_idempotent_tasks.conf import conf
 
 PICKLE = {"pickle", "application/x-python-serialize"}
 REDIS_SCHEMES = {"redis", "rediss", "unix", "redis+socket"}
-DEFAULT_VISIBILITY_TIMEOUT = 3600  # kombu's Redis transport
+# kombu's defaults for the transports that redeliver an unacknowledged message after a timeout;
+# sentinel:// is the Redis transport behind Sentinel. (RabbitMQ has no such timeout.)
+DEFAULT_VISIBILITY_TIMEOUT = {
+    **dict.fromkeys(REDIS_SCHEMES, 3600),
+    "sentinel": 3600,
+    "sqs": 1800,
+}
+_BROKER_NAMES = {"sentinel": "Redis Sentinel", "sqs": "SQS"}
 
 
 def find_app() -> Any:
@@ -118,10 +125,11 @@ def _broker_url(app: Any) -> str:
 
 
 def _visibility_timeout(app: Any, tasks: list[Any]) -> list[checks.CheckMessage]:
-    if urlsplit(_broker_url(app)).scheme not in REDIS_SCHEMES or not tasks:
+    scheme = urlsplit(_broker_url(app)).scheme
+    if scheme not in DEFAULT_VISIBILITY_TIMEOUT or not tasks:
         return []
     options = app.conf.broker_transport_options or {}
-    timeout = options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT)
+    timeout = options.get("visibility_timeout", DEFAULT_VISIBILITY_TIMEOUT[scheme])
     limits = [(_lock_ttl(task), "lock_ttl", task.name) for task in tasks]
     limits += [
         (limit, "time_limit", task.name)
@@ -133,7 +141,8 @@ def _visibility_timeout(app: Any, tasks: list[Any]) -> list[checks.CheckMessage]
         return []
     return [
         checks.Warning(
-            f"The Redis broker's visibility_timeout ({_seconds(timeout)}) is not above the {what} of "
+            f"The {_BROKER_NAMES.get(scheme, 'Redis')} broker's visibility_timeout ({_seconds(timeout)}) "
+            f"is not above the {what} of "
             f"idempotent task {name!r} ({_seconds(needed)}): the broker delivers the message again to "
             "another worker while the first delivery still runs.",
             hint=f'Set CELERY_BROKER_TRANSPORT_OPTIONS = {{"visibility_timeout": ...}} above {_seconds(needed)}.',

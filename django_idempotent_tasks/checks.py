@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connections, router
 from redis.exceptions import RedisError
 
 from django_idempotent_tasks.conf import conf
@@ -22,6 +24,8 @@ def register() -> None:
     checks.register(check_lock_cache, TAG, checks.Tags.caches)
     checks.register(check_lock_eviction, TAG, checks.Tags.caches, deploy=True)
     checks.register(celery_checks.check_celery_app, TAG)
+    checks.register(check_record_databases, TAG, checks.Tags.database)
+    checks.register(check_key_collation, TAG, checks.Tags.database)
 
 
 def lock_cache() -> tuple[str, dict[str, Any]] | None:
@@ -119,3 +123,74 @@ def check_lock_eviction(app_configs: Any = None, **kwargs: Any) -> list[checks.C
             id=f"{PREFIX}.W007",
         )
     ]
+
+
+def check_record_databases(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W008: the database routers read the records from another database than they write them to."""
+    from django_idempotent_tasks.models import IdempotencyRecord
+
+    read, write = router.db_for_read(IdempotencyRecord), router.db_for_write(IdempotencyRecord)
+    if read == write:
+        return []
+    return [
+        checks.Warning(
+            f"The database routers read idempotency records from {read!r} but write them to {write!r}. "
+            f"Deliveries, the admin and the commands use {write!r} for both: a replica lagging behind "
+            "would answer that a finished key never ran.",
+            hint="Nothing to do if that is what you want; route django_idempotent_tasks to one database "
+            "to silence this.",
+            id=f"{PREFIX}.W008",
+        )
+    ]
+
+
+# Three pairs that an exact comparison tells apart and a folding collation does not.
+_FOLDED_PAIRS = (("a", "A"), ("e", "\u00e9"), ("a", "a "))
+
+
+def check_key_collation(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E004: on MySQL/MariaDB, the scope or key column has a collation that folds distinct keys."""
+    from django_idempotent_tasks.models import IdempotencyRecord
+
+    alias = router.db_for_write(IdempotencyRecord)
+    if not databases or alias not in databases or connections[alias].vendor != "mysql":
+        return []
+    table = IdempotencyRecord._meta.db_table
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT COLUMN_NAME, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME IN ('scope', 'key') "
+            "ORDER BY COLUMN_NAME DESC",
+            [table],
+        )
+        columns = cursor.fetchall()
+        folding = [
+            (column, collation)
+            for column, charset, collation in columns
+            if _folds(cursor, charset, collation)
+        ]
+    return [
+        checks.Error(
+            f"The {column!r} column of {table} (database {alias!r}) has the collation {collation}, which "
+            "treats keys differing only in case, accents or trailing spaces as one key: one task's key "
+            "would replay or refuse another's.",
+            hint="Run the migrations of django_idempotent_tasks (0002 sets a binary NO PAD collation), "
+            "or ALTER the column back to utf8mb4_nopad_bin (MariaDB) or utf8mb4_0900_bin (MySQL).",
+            id=f"{PREFIX}.E004",
+        )
+        for column, collation in folding
+    ]
+
+
+def _folds(cursor: Any, charset: str, collation: str) -> bool:
+    # Ask the server rather than read the name: utf8mb4_bin is binary yet pads trailing spaces.
+    if not re.fullmatch(r"\w+", charset) or not re.fullmatch(r"\w+", collation):
+        return True
+    same = " OR ".join(
+        f"CONVERT(%s USING {charset}) COLLATE {collation} = CONVERT(%s USING {charset})"
+        for _ in _FOLDED_PAIRS
+    )
+    cursor.execute(f"SELECT {same}", [value for pair in _FOLDED_PAIRS for value in pair])
+    return bool(cursor.fetchone()[0])

@@ -6,6 +6,8 @@ from django.db import models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotent_tasks.fields import ExactCharField
+
 
 def now_sql(vendor: str) -> str:
     """SQL of the database server's clock as a UTC timestamp (``%`` escaped for a parameterised query)."""
@@ -70,10 +72,10 @@ class IdempotencyRecord(models.Model):
         SUCCEEDED = "SUCCEEDED", _("Succeeded")
         FAILED = "FAILED", _("Failed")
 
-    scope = models.CharField(
+    scope = ExactCharField(
         _("scope"), max_length=255, help_text=_("Namespace of the key; the task name by default.")
     )
-    key = models.CharField(_("key"), max_length=255, help_text=_("The idempotency key the caller chose."))
+    key = ExactCharField(_("key"), max_length=255, help_text=_("The idempotency key the caller chose."))
     task_name = models.CharField(_("task name"), max_length=255)
     status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.IN_PROGRESS)
     fingerprint = models.CharField(

@@ -8,22 +8,28 @@ import redis
 from django.conf import settings
 from django.db import connection
 
+from tests import brokers
 from tests.celery_app import app as celery_app  # noqa: F401  (binds shared tasks to the test app)
 from tests.helpers import Worker
 
 
 def _flush_redis() -> None:
-    for url in (
-        settings.LOCK_REDIS_URL,
-        settings.CELERY_BROKER_URL,
-        settings.CELERY_RESULT_BACKEND,
-        settings.CONTROL_REDIS_URL,
-    ):
+    for url in (settings.LOCK_REDIS_URL, settings.CELERY_RESULT_BACKEND, settings.CONTROL_REDIS_URL):
         redis.Redis.from_url(url).flushdb()
+    brokers.empty()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def broker_vhost() -> Iterator[None]:
+    """On RabbitMQ, the run's own vhost: created before the first test, deleted after the last."""
+    created = brokers.is_amqp() and brokers.create_vhost()
+    yield
+    if created:
+        brokers.delete_vhost()
 
 
 @pytest.fixture(autouse=True)
-def clean_redis() -> Iterator[None]:
+def clean_redis(broker_vhost: None) -> Iterator[None]:
     _flush_redis()
     yield
 
@@ -35,6 +41,10 @@ def lock_redis() -> redis.Redis:
 
 @pytest.fixture(scope="session")
 def worker_env(django_db_setup: Any, django_db_blocker: Any) -> dict[str, str]:
+    if connection.vendor == "sqlite":
+        # WAL (kept in the file): the workers' readers never wait for a writer, nor it for them.
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute("PRAGMA journal_mode=WAL")
     return {"IDEMPOTENT_TESTS_DATABASE_NAME": connection.settings_dict["NAME"]}
 
 

@@ -6,6 +6,8 @@ import os
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
+import django
+
 DATABASE_URL = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"))
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
 # Worker subprocesses run against the database pytest-django created; the suite passes its name.
@@ -52,6 +54,14 @@ TEMPLATES = [
 STATIC_URL = "/static/"
 
 
+# Worker processes share the file: wait for its write lock instead of failing at once, and (Django
+# 5.1+) take it when a transaction begins, since upgrading a read to a write cannot wait under WAL.
+# conftest.py turns WAL on in the test database (readers then never wait for the writer).
+SQLITE_OPTIONS: dict[str, Any] = {"timeout": 30}
+if django.VERSION >= (5, 1):
+    SQLITE_OPTIONS.update(transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL")
+
+
 def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
     """Django's DATABASES entry for a postgres://, mysql:// (MariaDB) or sqlite:/// URL."""
     scheme = url.scheme.split("+")[0]
@@ -59,8 +69,9 @@ def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
         path = url.path or "/tmp/idempotent-tests.sqlite3"
         return {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": path,
+            "NAME": name or path,
             "TEST": {"NAME": name or f"{path}-test"},
+            "OPTIONS": SQLITE_OPTIONS,
         }
     if scheme in {"mysql", "mariadb"}:
         return {
@@ -86,6 +97,10 @@ def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
 
 
 DATABASES = {"default": database_from_url(DATABASE_URL, TEST_DATABASE_NAME)}
+# A second database for the router tests (tests/test_routers.py), created only when a test asks
+# for it: a "read replica" that never receives the records, so a read or write routed there shows.
+_TEST_NAME = DATABASES["default"].get("TEST", {}).get("NAME") or f"test_{DATABASES['default']['NAME']}"
+DATABASES["replica"] = {**DATABASES["default"], "TEST": {"NAME": f"{_TEST_NAME}_replica"}}
 
 LOCK_REDIS_URL = os.environ.get("IDEMPOTENT_TESTS_LOCK_REDIS_URL", f"{REDIS_URL}/12")
 CACHES = {
@@ -107,6 +122,8 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_RESULT_BACKEND = os.environ.get("IDEMPOTENT_TESTS_RESULT_URL", f"{REDIS_URL}/13")
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+if os.environ.get("IDEMPOTENT_TESTS_QUEUE_TYPE"):  # "quorum": RabbitMQ's replicated queues (Celery 5.5+)
+    CELERY_TASK_DEFAULT_QUEUE_TYPE = os.environ["IDEMPOTENT_TESTS_QUEUE_TYPE"]
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_DB_REUSE_MAX = 1000
 # The chaos suite's workers consume only their own queue, never the shared test workers'.

@@ -193,6 +193,29 @@ def test_w003_only_for_a_redis_broker(make_app: MakeApp) -> None:
     assert celery_messages() == []
 
 
+@pytest.mark.parametrize(
+    ("url", "broker", "default"),
+    [
+        ("sentinel://127.0.0.1:26379;sentinel://127.0.0.1:26380", "Redis Sentinel", 3600),
+        ("sqs://", "SQS", 1800),
+    ],
+)
+def test_w003_sentinel_and_sqs_brokers(make_app: MakeApp, url: str, broker: str, default: int) -> None:
+    app = make_app(broker_url=url, broker_transport_options={})
+    app.task(base=IdempotentTask, shared=False, name="checked.long", time_limit=default)(noop)
+    assert celery_messages() == [
+        checks.Warning(
+            f"The {broker} broker's visibility_timeout ({default} s) is not above the time_limit of idempotent "
+            f"task 'checked.long' ({default} s): the broker delivers the message again to another worker while "
+            "the first delivery still runs.",
+            hint=f'Set CELERY_BROKER_TRANSPORT_OPTIONS = {{"visibility_timeout": ...}} above {default} s.',
+            id=f"{ID}.W003",
+        )
+    ]
+    app.conf.broker_transport_options = {"visibility_timeout": default + 1}
+    assert celery_messages() == []
+
+
 def test_w004_time_limit_beyond_the_record_ttl(make_app: MakeApp) -> None:
     app = make_app(task_time_limit=3000)
     app.task(base=IdempotentTask, shared=False, name="checked.kept", record_ttl=3060)(noop)

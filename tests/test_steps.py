@@ -91,6 +91,7 @@ class TestWorkers:
         assert int(control().get("calls:inside-step") or 0) == 3  # charge twice (external), notify once
         assert done.steps["charge"] == {"value": "charge-12", "fence": 2}
 
+    @pytest.mark.row_locks
     def test_a_paused_holder_cannot_checkpoint_after_a_takeover(self, running_workers: list[Worker]) -> None:
         tasks.slow_step.delay(4, idempotency_key="paused-step")
         pid = body_pid("paused-step")

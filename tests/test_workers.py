@@ -8,10 +8,10 @@ import time
 
 import pytest
 import redis
-from django.conf import settings
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests import brokers
 from tests.helpers import Worker, wait_for
 from tests.testapp import tasks
 from tests.testapp.faults import arm, control
@@ -107,6 +107,7 @@ def test_losing_the_redis_lock_mid_run_leaves_the_database_lease_in_charge(
     assert logged(running_workers, f"{tasks.record_effect.name}[flushed] is held by another delivery")
 
 
+@pytest.mark.row_locks
 def test_a_paused_atomic_holder_loses_its_lease_and_its_writes(running_workers: list[Worker]) -> None:
     tasks.short_lease_atomic.delay(1, 4, idempotency_key="w6")
     pid = body_pid("w6")
@@ -154,9 +155,8 @@ def test_a_poison_task_fails_for_good_after_max_attempts(running_workers: list[W
     done = finished("poison", status="FAILED")
     assert done.error is not None and done.error["type"] == "AttemptsExhausted"
     assert Effect.objects.filter(key="poison").count() == 2
-    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
     wait_for(
-        lambda: broker.llen("celery") == 0 and broker.hlen("unacked") == 0,
+        lambda: brokers.pending() == 0,
         timeout=60,
         what="the poison message to leave the broker",
     )

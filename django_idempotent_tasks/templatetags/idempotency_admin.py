@@ -1,90 +1,17 @@
-"""The records changelist's date hierarchy, drawn from the table's ends instead of a full scan."""
+"""Template tags of the records admin: a shim over django_idempotent_tasks.admin.date_hierarchy."""
 
 from __future__ import annotations
 
-import calendar
-from datetime import date
 from typing import Any
 
 from django import template
-from django.utils import formats, timezone
-from django.utils.text import capfirst
-from django.utils.translation import gettext
 
-from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.admin import date_hierarchy
 
 register = template.Library()
-
-
-def created_range() -> tuple[date, date] | None:
-    """Local dates of the oldest and newest record, read at both ends of the primary key index."""
-    # Records are inserted as they are created, so created_at follows the primary key; Django's own
-    # hierarchy runs MIN/MAX and SELECT DISTINCT date_trunc over every row, as created_at has no index.
-    ends = IdempotencyRecord.objects.order_by("pk").values_list("created_at", flat=True)
-    oldest, newest = ends.first(), ends.last()
-    if oldest is None or newest is None:
-        return None
-    first, last = sorted((timezone.localtime(oldest).date(), timezone.localtime(newest).date()))
-    return first, last
-
-
-def _months(first: date, last: date, year: int) -> list[date]:
-    start = first.month if first.year == year else 1
-    end = last.month if last.year == year else 12
-    return [date(year, month, 1) for month in range(start, end + 1)]
-
-
-def _days(first: date, last: date, year: int, month: int) -> list[date]:
-    start = first.day if (first.year, first.month) == (year, month) else 1
-    end = last.day if (last.year, last.month) == (year, month) else calendar.monthrange(year, month)[1]
-    return [date(year, month, day) for day in range(start, end + 1)]
 
 
 @register.inclusion_tag("admin/date_hierarchy.html")
 def record_date_hierarchy(cl: Any) -> dict[str, Any]:
     """Year, month and day links between the oldest and the newest record (empty days included)."""
-    field = cl.date_hierarchy
-    names = {part: f"{field}__{part}" for part in ("year", "month", "day")}
-    span = created_range()
-    if span is None:
-        return {"show": False}
-    first, last = span
-    # The changelist has already answered invalid date parameters with its error redirect.
-    year, month, day = (int(cl.params[names[part]]) if names[part] in cl.params else None for part in names)
-
-    def link(**parts: int) -> str:
-        return str(cl.get_query_string({names[k]: v for k, v in parts.items()}, [f"{field}__"]))
-
-    if year is None and first.year == last.year:
-        year, month = first.year, (first.month if first.month == last.month else None)
-    if year is not None and month is not None and day is not None:
-        chosen = date(year, month, day)
-        back = {
-            "link": link(year=year, month=month),
-            "title": capfirst(formats.date_format(chosen, "YEAR_MONTH_FORMAT")),
-        }
-        return {
-            "show": True,
-            "back": back,
-            "choices": [{"title": capfirst(formats.date_format(chosen, "MONTH_DAY_FORMAT"))}],
-        }
-    if year is not None and month is not None:
-        choices = [
-            {
-                "link": link(year=year, month=month, day=d.day),
-                "title": capfirst(formats.date_format(d, "MONTH_DAY_FORMAT")),
-            }
-            for d in _days(first, last, year, month)
-        ]
-        return {"show": True, "back": {"link": link(year=year), "title": str(year)}, "choices": choices}
-    if year is not None:
-        choices = [
-            {
-                "link": link(year=year, month=m.month),
-                "title": capfirst(formats.date_format(m, "YEAR_MONTH_FORMAT")),
-            }
-            for m in _months(first, last, year)
-        ]
-        return {"show": True, "back": {"link": link(), "title": gettext("All dates")}, "choices": choices}
-    choices = [{"link": link(year=y), "title": str(y)} for y in range(first.year, last.year + 1)]
-    return {"show": True, "choices": choices}
+    return date_hierarchy.hierarchy(cl)

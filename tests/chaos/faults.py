@@ -12,12 +12,13 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import TypeVar
 
-from django.db import InterfaceError, OperationalError, connection, connections
+from django.db import InterfaceError, OperationalError, connections
 from django.utils import timezone
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.chaos import guarantee_faults
+from tests import db_sessions
 from tests.chaos.plan import Fault
 from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool, children, kill_group
 from tests.chaosapp import control
@@ -66,9 +67,7 @@ class Context:
 
 
 def terminate(backend: int) -> bool:
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
-        return bool(cursor.fetchone()[0])
+    return db_sessions.terminate(backend)
 
 
 def with_database(fn: Callable[[], T]) -> T:

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import connection
 
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests import db_sessions
 from tests.chaos.harness import lock_port
 from tests.chaos.services import LockRedis, WorkerPool
 from tests.chaosapp import control
@@ -34,9 +34,8 @@ def chaos_worker(worker_env: dict[str, str], transactional_db: Any) -> Iterator[
 
 
 def terminate(backends: list[int]) -> None:
-    with connection.cursor() as cursor:
-        for backend in backends:
-            cursor.execute("SELECT pg_terminate_backend(%s)", [backend])
+    for backend in backends:
+        db_sessions.terminate(backend)
 
 
 def answer(task_id: str) -> Any:
@@ -62,11 +61,7 @@ def test_backend_killed_mid_transaction_is_retried_once(chaos_worker: WorkerPool
 
 def test_idle_connection_killed_between_tasks_is_retried(chaos_worker: WorkerPool) -> None:
     assert answer(chaos_effect.delay(1, idempotency_key="warm-up").id)["fence"] == 1
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        )
-        terminate([row[0] for row in cursor.fetchall()])
+    terminate(db_sessions.other_backends())
 
     result = answer(chaos_effect.delay(2, idempotency_key="after-restart").id)
 

@@ -10,8 +10,7 @@ import os
 import signal
 import time
 
-from django.db import connection
-
+from tests import db_sessions
 from tests.testapp.faults import control as control  # the one client of the control Redis
 
 
@@ -37,9 +36,7 @@ def reached(point: str, key: str) -> None:
     elif action.startswith("hold:"):
         # Tell the harness which process and which PostgreSQL backend hold the key, then stay
         # inside the body (and its transaction) long enough for it to SIGSTOP or terminate them.
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT pg_backend_pid()")
-            backend = cursor.fetchone()[0]
+        backend = db_sessions.backend_id()
         control().set(f"held:{key}", f"{os.getpid()} {backend}")
         time.sleep(float(action.split(":", 1)[1]))
         control().delete(f"held:{key}")  # the harness can tell whether it struck in time

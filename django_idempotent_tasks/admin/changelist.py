@@ -7,12 +7,16 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ORDER_VAR, ChangeList
 from django.core.paginator import Paginator
-from django.db import connections, router
-from django.db.models import Q, QuerySet
+from django.db import connections
+from django.db.models import F, Q, QuerySet
+from django.db.models.functions import Left
+from django.db.models.lookups import Exact
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
+from django_idempotent_tasks import store
 from django_idempotent_tasks.models import IdempotencyRecord
 
 if TYPE_CHECKING:
@@ -21,12 +25,14 @@ else:
     _Paginator = Paginator
 
 # Walks the (scope, key) unique index one distinct scope at a time (a "loose index scan"):
-# SELECT DISTINCT would read every row of a large table to list a dozen task names.
+# SELECT DISTINCT would read every row of a large table to list a dozen task names. MIN() rather
+# than ORDER BY … LIMIT 1 in parentheses, which SQLite's grammar refuses; every supported
+# database answers MIN() of an index's first column from the index.
 _DISTINCT_SCOPES = """
 WITH RECURSIVE scopes(scope) AS (
-    (SELECT scope FROM {table} ORDER BY scope LIMIT 1)
+    SELECT MIN(scope) FROM {table}
     UNION ALL
-    SELECT (SELECT scope FROM {table} WHERE scope > scopes.scope ORDER BY scope LIMIT 1)
+    SELECT (SELECT MIN(scope) FROM {table} WHERE scope > scopes.scope)
     FROM scopes WHERE scopes.scope IS NOT NULL
 )
 SELECT scope FROM scopes WHERE scope IS NOT NULL LIMIT %s
@@ -34,7 +40,7 @@ SELECT scope FROM scopes WHERE scope IS NOT NULL LIMIT %s
 
 
 def _connection() -> Any:
-    return connections[router.db_for_read(IdempotencyRecord)]
+    return connections[store.database()]
 
 
 def distinct_scopes(limit: int) -> list[str]:
@@ -46,18 +52,37 @@ def distinct_scopes(limit: int) -> list[str]:
         return [row[0] for row in cursor.fetchall()]
 
 
+_ESTIMATES = {
+    "postgresql": "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
+    # InnoDB's TABLE_ROWS is its sampled estimate, kept by the server without a scan.
+    "mysql": "SELECT TABLE_ROWS FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s",
+}
+
+
 def estimated_rows() -> int | None:
-    """PostgreSQL's planner estimate of the table's rows, or None elsewhere or before ANALYZE."""
+    """The server's estimate of the table's rows (PostgreSQL, MySQL), or None (SQLite, or never analyzed)."""
     connection = _connection()
-    if connection.vendor != "postgresql":
-        return None
+    sql = _ESTIMATES.get(connection.vendor)
+    if sql is None:
+        return None  # SQLite keeps no estimate before ANALYZE: its tables are small enough to count
     with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%s)",
-            [IdempotencyRecord._meta.db_table],
-        )
+        cursor.execute(sql, [IdempotencyRecord._meta.db_table])
         row = cursor.fetchone()
     return int(row[0]) if row and row[0] is not None and row[0] >= 0 else None
+
+
+class RecordChangeList(ChangeList):
+    """Leaves the large JSON columns out of the changelist's SELECT."""
+
+    # *args: Django 5.0 added exclude_parameters, which 4.2 does not accept.
+    def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, *args, **kwargs).defer("result", "error", "steps")
+        if self.params.get(ExpiredFilter.parameter_name) == "yes" and ORDER_VAR not in self.params:
+            # Expired records are the oldest: walking the primary key down from the newest would
+            # read most of the table before finding them. Sorting "pk + 0" lets PostgreSQL fetch
+            # them through the expires_at index and sort only those.
+            queryset = queryset.order_by((F("pk") + 0).desc())
+        return queryset
 
 
 class EstimatedCountPaginator(_Paginator):
@@ -102,7 +127,7 @@ class _SubsetFilter(admin.SimpleListFilter):
         return [("yes", _("Yes")), ("no", _("No"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        matching: QuerySet[IdempotencyRecord] = getattr(IdempotencyRecord.objects, self.subset)()
+        matching: QuerySet[IdempotencyRecord] = getattr(store.records(), self.subset)()
         if self.value() == "yes":
             return queryset & matching
         if self.value() == "no":
@@ -129,13 +154,21 @@ _DOTTED_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)+$")
 SEARCH_SCOPES = 1000
 
 
+def _starts_with(field: str, prefix: str) -> Q:
+    # SQLite's LIKE ignores ASCII case: the exact comparison of the first characters keeps the
+    # search as case-sensitive as the key lookups, and LIKE still narrows the rows first.
+    return Q(Exact(Left(field, len(prefix)), prefix), **{f"{field}__startswith": prefix})
+
+
 def search_condition(term: str) -> Q:
     """What a changelist search matches; exact terms are answered from the (scope, key) index."""
     term = term.strip()
     if term.endswith("*"):
         prefix = term.rstrip("*")
         # LIKE 'prefix%' needs the "C" collation to use a btree index: this reads the table.
-        return Q(key__startswith=prefix) | Q(task_id__startswith=prefix) | Q(task_name__startswith=prefix)
+        return (
+            _starts_with("key", prefix) | _starts_with("task_id", prefix) | _starts_with("task_name", prefix)
+        )
     scopes = distinct_scopes(SEARCH_SCOPES)
     # key = %s alone cannot use the index, whose first column is scope: name every scope instead.
     condition = Q(key=term) if len(scopes) >= SEARCH_SCOPES else Q(scope__in=scopes, key=term)

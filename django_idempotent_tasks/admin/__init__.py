@@ -1,0 +1,200 @@
+"""The read-only admin of idempotency records: find a key, see why it is stuck, release or purge it."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import datetime
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db.models import QuerySet
+from django.http import HttpRequest, HttpResponse
+from django.urls import URLPattern, path
+from django.utils import formats, timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.translation import gettext
+from django.utils.translation import gettext_lazy as _
+
+from django_idempotent_tasks import keys, locks, store
+from django_idempotent_tasks.admin.actions import RecordActions
+from django_idempotent_tasks.admin.changelist import (
+    EstimatedCountPaginator,
+    ExpiredFilter,
+    RecordChangeList,
+    ScopeFilter,
+    StuckFilter,
+    search_condition,
+)
+from django_idempotent_tasks.models import IdempotencyRecord
+
+logger = logging.getLogger("django_idempotent_tasks")
+Status = IdempotencyRecord.Status
+KEY_DISPLAY_LENGTH = 40
+_BADGE_COLOURS = {"succeeded": "#2e7d32", "failed": "#c62828", "in_progress": "#1565c0", "stuck": "#ef6c00"}
+_GENERAL = ("scope", "key", "task_name", "status_badge", "attempts", "fence", "fingerprint")
+_LEASE = ("lease_holder", "redis_lock")
+_OUTCOME = ("result_json", "error_details", "checkpoints")
+_DATES = ("created_at", "started_at", "completed_at", "expires_at")
+
+
+def _pretty_json(value: Any) -> SafeString:
+    text = json.dumps(value, cls=DjangoJSONEncoder, indent=2, sort_keys=True, ensure_ascii=False)
+    return format_html("<pre>{}</pre>", text)
+
+
+def _when(moment: datetime | None) -> str:
+    return formats.localize(timezone.localtime(moment)) if moment else "-"
+
+
+@admin.register(IdempotencyRecord)
+class IdempotencyRecordAdmin(RecordActions):
+    """Read-only: records are written by deliveries only; operators release or delete them."""
+
+    list_display = (
+        "short_key",
+        "task",
+        "status_badge",
+        "attempts",
+        "fence",
+        "created_at",
+        "completed_at",
+        "expires_at",
+    )
+    list_filter = ("status", ScopeFilter, StuckFilter, ExpiredFilter)
+    date_hierarchy = "created_at"
+    search_fields = ("key", "task_id", "task_name")
+    search_help_text = _(
+        "An exact key, scope:key, task id or task name (case-sensitive); end with * to match a prefix."
+    )
+    ordering = ("-pk",)
+    list_per_page = 50
+    show_full_result_count = False
+    paginator = EstimatedCountPaginator
+    if hasattr(admin, "ShowFacets"):  # Django 5.0+: facet counts would scan the table for every filter
+        show_facets = admin.ShowFacets.NEVER
+    actions = ("delete_selected", "purge_selected_expired", "release_stuck_leases")
+    fieldsets = (
+        (None, {"fields": _GENERAL}),
+        (_("Lease"), {"fields": _LEASE}),
+        (_("Outcome"), {"fields": _OUTCOME}),
+        (_("Dates"), {"fields": _DATES}),
+    )
+    readonly_fields = _GENERAL + _LEASE + _OUTCOME + _DATES
+
+    # Records are written only by deliveries, through store.py.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: IdempotencyRecord | None = None) -> bool:
+        return False
+
+    def has_release_lease_permission(self, request: HttpRequest) -> bool:
+        """The custom permission that guards "Release stuck lease"."""
+        return request.user.has_perm(f"{self.opts.app_label}.release_lease")
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
+        # The write database, whatever the routers say about reads: a replica lagging behind would
+        # show a finished key as running, and the actions below must delete what the page showed.
+        return super().get_queryset(request).using(store.database())
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return RecordChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord], search_term: str
+    ) -> tuple[QuerySet[IdempotencyRecord], bool]:
+        if not search_term.strip().rstrip("*"):
+            return queryset, False
+        return queryset.filter(search_condition(search_term)), False
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        extra = {"has_delete_permission": self.has_delete_permission(request), **(extra_context or {})}
+        return super().changelist_view(request, extra)
+
+    def get_urls(self) -> list[URLPattern]:
+        purge = path(
+            "purge-expired/",
+            self.admin_site.admin_view(self.purge_expired_view),
+            name=f"{self.opts.app_label}_{self.opts.model_name}_purge",
+        )
+        return [purge, *super().get_urls()]
+
+    @admin.display(description=_("key"), ordering="key")
+    def short_key(self, obj: IdempotencyRecord) -> SafeString:
+        key = obj.key
+        shown = key if len(key) <= KEY_DISPLAY_LENGTH else f"{key[: KEY_DISPLAY_LENGTH - 1]}…"
+        return format_html('<span title="{}" style="white-space:nowrap">{}</span>', key, shown)
+
+    @admin.display(description=_("task / scope"), ordering="scope")
+    def task(self, obj: IdempotencyRecord) -> str:
+        return obj.task_name if obj.scope == obj.task_name else f"{obj.task_name} ({obj.scope})"
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_badge(self, obj: IdempotencyRecord) -> SafeString:
+        kind, label = obj.status.lower(), obj.get_status_display()
+        if obj.is_stuck:
+            kind, label = "stuck", gettext("Stuck")
+        return format_html(
+            '<span class="idempotency-status idempotency-status-{}" style="background:{};color:#fff;'
+            'padding:1px 8px;border-radius:8px;white-space:nowrap">{}</span>',
+            kind,
+            _BADGE_COLOURS[kind],
+            label,
+        )
+
+    @admin.display(description=_("lease holder"))
+    def lease_holder(self, obj: IdempotencyRecord) -> SafeString:
+        if obj.status != Status.IN_PROGRESS:
+            state = gettext("none: the record is %(status)s") % {"status": obj.get_status_display()}
+        elif obj.lease_is_live:
+            state = gettext("live")
+        else:
+            state = gettext("expired: the holder died or stalled")
+        rows = [
+            (gettext("worker"), obj.worker or "-"),
+            (gettext("task id"), obj.task_id or "-"),
+            (gettext("lease expires at"), _when(obj.lease_expires_at)),
+            (gettext("lease"), state),
+        ]
+        return format_html(
+            '<table class="idempotency-lease">{}</table>',
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description=_("Redis lock now"))
+    def redis_lock(self, obj: IdempotencyRecord) -> str:
+        try:
+            token = locks.lock_holder(locks.lock_client(), keys.lock_name(obj.scope, obj.key))
+        except Exception:  # the page must render whatever the lock cache does
+            logger.warning("Could not read the lock of %s from Redis.", keys.loggable(obj.key), exc_info=True)
+            return gettext("unknown (Redis did not answer)")
+        if token is None:
+            return gettext("not held")
+        # A token is "<host>:<pid>:<random>": the random part says nothing to a reader.
+        return gettext("held by %(holder)s") % {"holder": token.rsplit(":", 1)[0]}
+
+    @admin.display(description=_("result"))
+    def result_json(self, obj: IdempotencyRecord) -> SafeString | str:
+        return _pretty_json(obj.result) if obj.status == Status.SUCCEEDED else "-"
+
+    @admin.display(description=_("error"))
+    def error_details(self, obj: IdempotencyRecord) -> SafeString | str:
+        if not obj.error:
+            return "-"
+        error = obj.error if isinstance(obj.error, dict) else {"message": obj.error}
+        return format_html(
+            "<strong>{}</strong>: {}<pre>{}</pre>",
+            error.get("type", ""),
+            error.get("message", ""),
+            error.get("traceback", ""),
+        )
+
+    @admin.display(description=_("checkpoints"))
+    def checkpoints(self, obj: IdempotencyRecord) -> SafeString | str:
+        return _pretty_json(obj.steps) if obj.steps else gettext("No checkpoint yet.")
