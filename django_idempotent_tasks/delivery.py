@@ -19,7 +19,7 @@ from django_idempotent_tasks.exceptions import (
     LeaseLost,
     TaskInProgress,
 )
-from django_idempotent_tasks.idempotency import Idempotency
+from django_idempotent_tasks.idempotency import Idempotency, running
 from django_idempotent_tasks.locks import Heartbeat, RedisLock, lock_client, worker_identity
 from django_idempotent_tasks.models import IdempotencyRecord
 
@@ -196,6 +196,7 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
     idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes)
     heartbeat = Heartbeat(delivery.lock_ttl / 3, lambda: renew(delivery, claim, lock, heartbeat))
     heartbeat.begin()
+    token = running.set(idempotency)
     try:
         if delivery.atomic:
             with transaction.atomic(using=store.database()):
@@ -209,6 +210,7 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
         raise
     finally:
         heartbeat.stop()
+        running.reset(token)
 
 
 def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartbeat) -> Any:
