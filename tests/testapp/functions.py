@@ -12,9 +12,9 @@ from tests.testapp.faults import control, reached
 from tests.testapp.models import Effect
 
 try:
-    from django.tasks import task  # type: ignore[import-not-found, unused-ignore]
+    from django.tasks import task as task  # type: ignore[import-not-found, unused-ignore]
 except ImportError:  # Django < 6: the django-tasks backport
-    from django_tasks import task  # type: ignore[no-redef, unused-ignore]
+    from django_tasks import task as task  # type: ignore[no-redef, unused-ignore]
 
 
 def effect(name: str, value: Any) -> dict[str, Any]:
@@ -121,3 +121,8 @@ def db_receipt(order_id: int, sleep: float = 0) -> dict[str, Any]:
     result = effect("db_receipt", order_id)
     time.sleep(sleep)
     return result
+
+
+def context_task(context: Any, order_id: int) -> int:
+    """A task body that takes django.tasks' context, which @idempotent refuses."""
+    return order_id
