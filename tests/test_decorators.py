@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import re
 import threading
 from collections.abc import Iterator
 from datetime import timedelta
@@ -26,6 +27,7 @@ from django_idempotent_tasks.exceptions import (
 )
 from django_idempotent_tasks.idempotency import current
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests.helpers import ROOT
 from tests.testapp import functions, spawned
 from tests.testapp.faults import arm, control
 from tests.testapp.models import Effect
@@ -295,3 +297,17 @@ def test_async_functions_are_refused_with_a_way_out() -> None:
 def test_only_functions_can_be_decorated() -> None:
     with pytest.raises(IdempotencyConfigurationError, match="decorates a function"):
         idempotent(42)  # type: ignore[call-overload]
+
+
+def test_the_readme_example_runs() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Beyond Celery", 1)[1].split("\n## ", 1)[0]
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+    assert code is not None
+    exec(code[1], {"__name__": "readme"})
+    records = IdempotencyRecord.objects.filter(task_name="readme.charge").order_by("key")
+    assert [(r.key, r.status) for r in records] == [
+        ("explicit", "SUCCEEDED"),
+        ("order-charge-42", "SUCCEEDED"),
+    ]
+    assert str((records[1].result or {})["provider_key"]).startswith("idem-")
