@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import multiprocessing
 import re
 import threading
@@ -10,8 +11,10 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections
 from django.db.models import F
+from django.urls import reverse
 from django.utils import timezone
 
 from django_idempotent_tasks import signals
@@ -311,3 +314,18 @@ def test_the_readme_example_runs() -> None:
         ("order-charge-42", "SUCCEEDED"),
     ]
     assert str((records[1].result or {})["provider_key"]).startswith("idem-")
+
+
+def test_the_commands_and_the_admin_cover_function_records(admin_client: Any) -> None:
+    functions.charge(42, 1000)
+    out = io.StringIO()
+    call_command("idempotency_status", stdout=out)
+    assert "tests.testapp.functions.charge: 1 " in out.getvalue()
+    page = admin_client.get(reverse("admin:django_idempotent_tasks_idempotencyrecord_changelist"))
+    assert "order-charge-42" in page.content.decode()
+    functions.record(1, idempotency_key="kept")
+    IdempotencyRecord.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    call_command(
+        "purge_idempotency_records", "--task", "tests.testapp.functions.charge", stdout=io.StringIO()
+    )
+    assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["kept"]
