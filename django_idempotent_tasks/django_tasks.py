@@ -55,7 +55,7 @@ def validating_class(base: type) -> type:
         return await base.aenqueue(self, *args, **kwargs)  # type: ignore[attr-defined]
 
     # A module-level name per base, so that pickle (Task.__reduce__) can find the class again.
-    name = f"Idempotent{base.__name__}_{base.__module__.replace('.', '_')}"
+    name = f"Idempotent{base.__name__}_{base.__module__.replace('.', '__')}"
     namespace = {"__slots__": (), "__module__": __name__, "__qualname__": name}
     cls = type(name, (base,), {**namespace, "enqueue": enqueue, "aenqueue": aenqueue})
     globals()[name] = cls
