@@ -30,6 +30,8 @@ from django_idempotent_tasks.exceptions import (
 )
 from django_idempotent_tasks.idempotency import current
 from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.tasks import IdempotentTask
+from tests.celery_app import app as celery_app
 from tests.helpers import ROOT
 from tests.testapp import functions, spawned
 from tests.testapp.faults import arm, control
@@ -148,6 +150,20 @@ def test_steps_run_once_across_attempts() -> None:
     }
     assert Effect.objects.count() == 1  # the charge step did not run again
     assert set(IdempotencyRecord.objects.get().steps) == {"charge", "ship"}
+
+
+def test_current_is_the_running_celery_tasks_idempotency_too() -> None:
+    def probe(self: Any) -> bool:
+        return current() is self.idempotency
+
+    # Registered on the test app for this test only: the system checks list every idempotent task.
+    celery_task = celery_app.task(base=IdempotentTask, bind=True, shared=False, name="tests.current_probe")(
+        probe
+    )
+    try:
+        assert celery_task.apply(kwargs={"idempotency_key": "celery"}).get() is True
+    finally:
+        celery_app.tasks.unregister("tests.current_probe")
 
 
 def test_current_is_only_available_inside_a_body() -> None:
