@@ -21,7 +21,7 @@ from django_idempotent_tasks.exceptions import (
     TaskInProgress,
 )
 from django_idempotent_tasks.heartbeat import Heartbeat, held_write, renew
-from django_idempotent_tasks.idempotency import Idempotency
+from django_idempotent_tasks.idempotency import Idempotency, running
 from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.values import UnstorableValue
@@ -203,6 +203,7 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
     heartbeat.lease_until = time.monotonic() + delivery.lock_ttl
     idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes, heartbeat.lost)
     heartbeat.begin()
+    token = running.set(idempotency)
     try:
         if delivery.atomic:
             with transaction.atomic(using=store.database()):
@@ -218,6 +219,7 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
         raise
     finally:
         heartbeat.stop()
+        running.reset(token)
 
 
 def call_body(body: Body, idempotency: Idempotency) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -126,3 +127,18 @@ class Step:
             raise
         self._atomic.__exit__(exc_type, exc, tb)
         self.done = exc is None
+
+
+# The running body's Idempotency: set by delivery.run_claimed around the body, read by current().
+running: ContextVar[Idempotency | None] = ContextVar("django_idempotent_tasks_running", default=None)
+
+
+def current() -> Idempotency:
+    """The ``Idempotency`` of the idempotent body running now (in this thread or task)."""
+    idempotency = running.get()
+    if idempotency is None:
+        raise RuntimeError(
+            "django_idempotent_tasks.idempotency.current() is only available inside the body of an "
+            "idempotent task or @idempotent function, while it runs."
+        )
+    return idempotency

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
@@ -31,6 +32,7 @@ INSTALLED_APPS = [
     "django_idempotent_tasks",
     "tests.testapp",
     "tests.chaosapp",
+    "django_tasks_db",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -136,3 +138,10 @@ LOGGING = {
     "loggers": {"django_idempotent_tasks": {"handlers": ["console"], "level": "INFO"}},
 }
 CONTROL_REDIS_URL = os.environ.get("IDEMPOTENT_TESTS_CONTROL_URL", f"{REDIS_URL}/14")
+
+# django.tasks (Django 6) or its backport django-tasks: run at once, or queued for `db_worker`.
+TASKS_FRAMEWORK = "django.tasks" if find_spec("django.tasks") else "django_tasks"
+TASKS = {
+    "default": {"BACKEND": f"{TASKS_FRAMEWORK}.backends.immediate.ImmediateBackend"},
+    "database": {"BACKEND": "django_tasks_db.DatabaseBackend"},
+}

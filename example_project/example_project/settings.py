@@ -9,6 +9,7 @@ results n + 2, so that a lock fault never touches a queued message.
 from __future__ import annotations
 
 import os
+from importlib.util import find_spec
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -127,6 +128,10 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {
     # finds a worker's connections by it; pool children inherit their parent's name).
     "client_name": f"example_project-{os.getpid()}",
 }
+
+# django.tasks (Django 6, or the django-tasks backport) runs shop/receipts.py at once, beside Celery.
+_TASKS = "django.tasks" if find_spec("django.tasks") else "django_tasks"
+TASKS = {"default": {"BACKEND": f"{_TASKS}.backends.immediate.ImmediateBackend"}}
 
 # The demo's workers set this: they record every delivery and obey the demo's fault injections.
 SHOP_DEMO_HOOKS = os.environ.get("SHOP_DEMO_HOOKS") == "1"
