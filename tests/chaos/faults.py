@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.chaos import guarantee_faults
 from tests import db_sessions
+from tests.chaos import guarantee_faults
 from tests.chaos.plan import Fault
 from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool, children, kill_group
 from tests.chaosapp import control
