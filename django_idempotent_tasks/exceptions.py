@@ -31,5 +31,5 @@ class AttemptsExhausted(IdempotencyError):
     """The key used up its attempts and is failed for good."""
 
 
-class IdempotencyConfigurationError(ImproperlyConfigured):
-    """A setting of this app is missing or invalid."""
+class IdempotencyConfigurationError(IdempotencyError, ImproperlyConfigured):
+    """A setting of this app or an option of an idempotent task is missing or invalid."""

@@ -16,9 +16,8 @@ from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
 from django_idempotent_tasks import keys, store
-from django_idempotent_tasks.conf import conf
+from django_idempotent_tasks.conf import TaskOptions, conf, task_options
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 from django_idempotent_tasks.idempotency import Idempotency
 
 if TYPE_CHECKING:
@@ -26,7 +25,6 @@ if TYPE_CHECKING:
 else:
     Base = DjangoTask
 
-ON_CONFLICT_CHOICES = ("retry", "wait", "raise")
 _running = threading.local()
 
 
@@ -80,7 +78,6 @@ class IdempotentRequest(Request):
 class IdempotentTask(Base):
     """A task whose deliveries under one idempotency key run the body at most once."""
 
-    abstract = True
     Request = "django_idempotent_tasks.tasks:IdempotentRequest"
     idempotency_key: ClassVar[str | Callable[..., Any] | None] = None
     idempotency_scope: ClassVar[str | None] = None
@@ -89,6 +86,7 @@ class IdempotentTask(Base):
     on_conflict: ClassVar[str] = "retry"
     atomic: ClassVar[bool] = False
     max_attempts: ClassVar[int | None] = None
+    _idempotency_options: ClassVar[TaskOptions | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -98,6 +96,20 @@ class IdempotentTask(Base):
         header = cls.__dict__.get("__header__")
         if header is not None:
             cls.__header__ = staticmethod(_accepting_key(header.__func__))  # type: ignore[attr-defined]
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Validate and freeze the task's options when Celery binds it to its app."""
+        super().on_bound(app)
+        cls._idempotency_options = task_options(cls)
+
+    @property
+    def idempotency_options(self) -> TaskOptions:
+        """The task's validated options (``None`` fields mean the setting)."""
+        options = type(self).__dict__.get("_idempotency_options")
+        if options is None:  # a subclass of a bound task, not bound itself yet
+            options = type(self)._idempotency_options = task_options(self)
+        return options
 
     @property
     def idempotency(self) -> Idempotency:
@@ -113,10 +125,11 @@ class IdempotentTask(Base):
         """The key of a call: the caller's ``idempotency_key=``, else the task's template or callable."""
         if kwargs.get(KEY_ARGUMENT) is not None:
             return keys.validate_key(kwargs[KEY_ARGUMENT])
-        if self.idempotency_key is None:
+        source = self.idempotency_options.key_source
+        if source is None:
             raise keys.missing_key_error(self.name)
         body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
-        return keys.derive_key(self.idempotency_key, self.name, self.run, args, body_kwargs)
+        return keys.derive_key(source, self.name, self.run, args, body_kwargs)
 
     def _keyed(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
         kwargs = dict(kwargs or {})
@@ -183,19 +196,19 @@ class IdempotentTask(Base):
         return any(p.name == KEY_ARGUMENT or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
     def _delivery(self, key: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Delivery:
-        request = self.request
+        request, options = self.request, self.idempotency_options
         return Delivery(
             sender=self,
             task_name=self.name,
             key=key,
-            scope=self.idempotency_scope or self.name,
+            scope=options.scope,
             fingerprint=self._fingerprint(args, kwargs),
             task_id=request.id or "",
-            lock_ttl=self.lock_ttl or conf.LOCK_TTL,
-            record_ttl=self.record_ttl or conf.RECORD_TTL,
-            on_conflict=self._on_conflict(),
-            atomic=bool(self.atomic),
-            max_attempts=self.max_attempts or conf.MAX_ATTEMPTS,
+            lock_ttl=options.effective_lock_ttl,
+            record_ttl=options.effective_record_ttl,
+            on_conflict=options.on_conflict,
+            atomic=options.atomic,
+            max_attempts=options.effective_max_attempts,
             max_result_bytes=conf.MAX_RESULT_BYTES,
             eager=bool(request.is_eager or request.called_directly or request.id is None),
         )
@@ -206,14 +219,6 @@ class IdempotentTask(Base):
             return keys.fingerprint([], keys.bind_arguments(self.run, args, body_kwargs))
         except TypeError:
             return keys.fingerprint(args, body_kwargs)
-
-    def _on_conflict(self) -> str:
-        if self.on_conflict not in ON_CONFLICT_CHOICES:
-            raise IdempotencyConfigurationError(
-                f"{self.name}: on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, "
-                f"got {self.on_conflict!r}."
-            )
-        return self.on_conflict
 
     def _requeue(self) -> NoReturn:
         """Send this delivery again after a countdown, without counting a retry, and ack this one."""
@@ -231,8 +236,9 @@ class IdempotentTask(Base):
         # The child dies before it can record anything and the message is acked, so free the claim
         # here (in the worker's main process) or the key stays IN_PROGRESS.
         if isinstance(kwargs, dict) and KEY_ARGUMENT in kwargs:
-            scope = self.idempotency_scope or self.name
-            store.fail_task(scope, kwargs[KEY_ARGUMENT], task_id, store.describe_error(exc))
+            store.fail_task(
+                self.idempotency_options.scope, kwargs[KEY_ARGUMENT], task_id, store.describe_error(exc)
+            )
 
 
 @shared_task(name="django_idempotent_tasks.purge_expired_records", ignore_result=True)
