@@ -18,6 +18,7 @@ from celery.worker.request import Request
 from django_idempotent_tasks import keys, store
 from django_idempotent_tasks.conf import TaskOptions, conf, task_options
 from django_idempotent_tasks.delivery import Delivery, deliver
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 from django_idempotent_tasks.idempotency import Idempotency
 
 if TYPE_CHECKING:
@@ -51,6 +52,12 @@ def _current(task: Any) -> _Running | None:
 
 
 KEY_ARGUMENT = "idempotency_key"
+ASYNC_BODY = (
+    "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
+    "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
+    "the key would be marked done with None. Write the task as a def that runs the coroutine: "
+    "return asyncio.run(work(...))."
+)
 
 
 def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
@@ -101,6 +108,8 @@ class IdempotentTask(Base):
     def on_bound(cls, app: Any) -> None:
         """Validate and freeze the task's options when Celery binds it to its app."""
         super().on_bound(app)
+        if inspect.iscoroutinefunction(cls.run) or inspect.isasyncgenfunction(cls.run):
+            raise IdempotencyConfigurationError(ASYNC_BODY.format(name=cls.name))
         cls._idempotency_options = task_options(cls)
 
     @property

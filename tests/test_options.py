@@ -21,7 +21,8 @@ def bind(**options: Any) -> Any:
     def body(self: Any, value: int) -> int:
         return value
 
-    return app.task(
+    decorate: Any = app.task
+    return decorate(
         base=IdempotentTask, bind=True, lazy=False, shared=False, name="throwaway.body", **options
     )(body)
 
@@ -57,7 +58,7 @@ def test_the_options_are_frozen_at_bind() -> None:
     assert (options.lock_ttl, options.record_ttl, options.max_attempts) == (7, 70, 2)
     assert (options.on_conflict, options.atomic, options.scope) == ("wait", True, "throwaway.body")
     with pytest.raises(AttributeError):
-        options.lock_ttl = 1  # type: ignore[misc]
+        options.lock_ttl = 1
 
 
 def test_none_means_the_setting_read_when_used() -> None:
@@ -70,3 +71,18 @@ def test_none_means_the_setting_read_when_used() -> None:
         assert options.effective_record_ttl == 22
         assert options.effective_max_attempts == 3
     assert tasks.short_lease.idempotency_options.effective_lock_ttl == 2
+
+
+def test_an_async_body_is_refused_when_the_task_is_bound() -> None:
+    app = Celery("throwaway", set_as_current=False)
+
+    async def body(self: Any, value: int) -> int:
+        return value
+
+    decorate: Any = app.task
+    with pytest.raises(IdempotencyConfigurationError) as caught:
+        decorate(base=IdempotentTask, bind=True, lazy=False, shared=False, name="throwaway.async")(body)
+    message = str(caught.value)
+    assert "'throwaway.async' is an async def" in message
+    assert "asyncio worker pool" in message
+    assert "asyncio.run(" in message
