@@ -52,6 +52,17 @@ def _current(task: Any) -> _Running | None:
 
 
 KEY_ARGUMENT = "idempotency_key"
+PER_TASK_OPTIONS = frozenset(
+    {
+        "idempotency_key",
+        "idempotency_scope",
+        "lock_ttl",
+        "record_ttl",
+        "on_conflict",
+        "atomic",
+        "max_attempts",
+    }
+)
 ASYNC_BODY = (
     "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
     "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
@@ -69,6 +80,20 @@ def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
         return check(*args, **kwargs)
 
     return check_arguments
+
+
+def per_call_error(task_name: str, option: str, value: Any) -> str:
+    """Why a per-task option given to one call is refused, and where it goes instead."""
+    if option == KEY_ARGUMENT:
+        return (
+            f"{task_name}: idempotency_key is an argument of the task, not a sending option: "
+            f"pass it in kwargs (apply_async(args, {{'idempotency_key': {value!r}}}) or delay(..., "
+            f"idempotency_key={value!r}))."
+        )
+    return (
+        f"{task_name}: {option} is an option of the task, not of one call, so {option}={value!r} "
+        f"would be ignored. Set it on the task: @shared_task(base=IdempotentTask, {option}=...)."
+    )
 
 
 class IdempotentRequest(Request):
@@ -140,15 +165,28 @@ class IdempotentTask(Base):
         body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         return keys.derive_key(source, self.name, self.run, args, body_kwargs)
 
-    def _keyed(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    def _keyed(
+        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The call's kwargs with its key, checked as a worker will check them; raises on misuse."""
+        per_call = sorted(PER_TASK_OPTIONS & options.keys())
+        if per_call:
+            raise TypeError(per_call_error(self.name, per_call[0], options[per_call[0]]))
         kwargs = dict(kwargs or {})
         kwargs[KEY_ARGUMENT] = self.resolve_key(args or (), kwargs)
+        try:
+            self._fingerprint(args or (), kwargs)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"The arguments of idempotent task {self.name!r} must be JSON values, so that a worker "
+                f"can fingerprint them: {exc}."
+            ) from exc
         return kwargs
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, *extra: Any, **options: Any
     ) -> Any:
-        kwargs = self._keyed(args, kwargs)
+        kwargs = self._keyed(args, kwargs, options)
         running = _current(self)
         if running is not None and task_id is not None and task_id == running.task_id:
             # self.retry() sends while we still hold the lock: send after the release instead.
@@ -159,12 +197,12 @@ class IdempotentTask(Base):
         return super().apply_async(args, kwargs, task_id, *extra, **options)
 
     def apply(self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any) -> Any:
-        return super().apply(args, self._keyed(args, kwargs), *extra, **options)
+        return super().apply(args, self._keyed(args, kwargs, options), *extra, **options)
 
     def apply_async_on_commit(  # type: ignore[override]
         self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any
     ) -> None:
-        super().apply_async_on_commit(args, self._keyed(args, kwargs), *extra, **options)
+        super().apply_async_on_commit(args, self._keyed(args, kwargs, options), *extra, **options)
 
     def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         self.apply_async_on_commit(args, kwargs)
@@ -225,9 +263,10 @@ class IdempotentTask(Base):
     def _fingerprint(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         try:
-            return keys.fingerprint([], keys.bind_arguments(self.run, args, body_kwargs))
+            arguments = keys.passed_arguments(self.run, args, body_kwargs)
         except TypeError:
             return keys.fingerprint(args, body_kwargs)
+        return keys.fingerprint([], arguments)
 
     def _requeue(self) -> NoReturn:
         """Send this delivery again after a countdown, without counting a retry, and ack this one."""
