@@ -15,7 +15,7 @@ from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
-from django_idempotent_tasks import keys, store
+from django_idempotent_tasks import canvas, keys, store
 from django_idempotent_tasks.conf import TaskOptions, conf, task_options
 from django_idempotent_tasks.delivery import Delivery, deliver
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
@@ -51,18 +51,8 @@ def _current(task: Any) -> _Running | None:
     return next((entry for entry in reversed(_stack()) if entry.task is task), None)
 
 
-KEY_ARGUMENT = "idempotency_key"
-PER_TASK_OPTIONS = frozenset(
-    {
-        "idempotency_key",
-        "idempotency_scope",
-        "lock_ttl",
-        "record_ttl",
-        "on_conflict",
-        "atomic",
-        "max_attempts",
-    }
-)
+KEY_ARGUMENT = canvas.KEY_ARGUMENT
+canvas.install()
 ASYNC_BODY = (
     "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
     "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
@@ -80,20 +70,6 @@ def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
         return check(*args, **kwargs)
 
     return check_arguments
-
-
-def per_call_error(task_name: str, option: str, value: Any) -> str:
-    """Why a per-task option given to one call is refused, and where it goes instead."""
-    if option == KEY_ARGUMENT:
-        return (
-            f"{task_name}: idempotency_key is an argument of the task, not a sending option: "
-            f"pass it in kwargs (apply_async(args, {{'idempotency_key': {value!r}}}) or delay(..., "
-            f"idempotency_key={value!r}))."
-        )
-    return (
-        f"{task_name}: {option} is an option of the task, not of one call, so {option}={value!r} "
-        f"would be ignored. Set it on the task: @shared_task(base=IdempotentTask, {option}=...)."
-    )
 
 
 class IdempotentRequest(Request):
@@ -165,13 +141,28 @@ class IdempotentTask(Base):
         body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         return keys.derive_key(source, self.name, self.run, args, body_kwargs)
 
+    def check_call(
+        self, args: Sequence[Any], kwargs: Mapping[str, Any], options: Mapping[str, Any], partial: bool
+    ) -> None:
+        """Raise what a worker would refuse in a canvas member; ``partial``: its first args come later."""
+        error = canvas.per_call_error(self.name, options)
+        if error is not None:
+            raise error
+        if not partial:
+            self._keyed(args, kwargs, {})
+        elif kwargs.get(KEY_ARGUMENT) is not None:
+            keys.validate_key(kwargs[KEY_ARGUMENT])
+        elif self.idempotency_options.key_source is None:
+            raise keys.missing_key_error(self.name)
+
     def _keyed(
         self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: Mapping[str, Any]
     ) -> dict[str, Any]:
         """The call's kwargs with its key, checked as a worker will check them; raises on misuse."""
-        per_call = sorted(PER_TASK_OPTIONS & options.keys())
-        if per_call:
-            raise TypeError(per_call_error(self.name, per_call[0], options[per_call[0]]))
+        error = canvas.per_call_error(self.name, options)
+        if error is not None:
+            raise error
+        canvas.check_callbacks(options)
         kwargs = dict(kwargs or {})
         kwargs[KEY_ARGUMENT] = self.resolve_key(args or (), kwargs)
         try:

@@ -225,3 +225,8 @@ def fails_for_good(self: Any, value: int) -> None:
     """tests/test_testing.py: the body runs once, fails, and the key is then exhausted."""
     effect(self, value)
     raise RuntimeError(f"failed with {value}")
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def send_receipt(self: Any, charged: Any = None, order_id: int = 0) -> dict[str, Any]:
+    return effect(self, order_id)
