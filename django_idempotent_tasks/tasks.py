@@ -38,6 +38,7 @@ class _Running:
     task_id: str | None
     idempotency: Idempotency | None = None
     sends: list[Callable[[], Any]] = field(default_factory=list)
+    handed_on: Ignore | None = None
 
 
 def _stack() -> list[_Running]:
@@ -53,6 +54,8 @@ def _current(task: Any) -> _Running | None:
 
 KEY_ARGUMENT = canvas.KEY_ARGUMENT
 canvas.install()
+#: The stored result of a key whose body replaced itself (``self.replace``) or raised ``Ignore``.
+HANDED_ON = {"django_idempotent_tasks.handed_on": True}
 ASYNC_BODY = (
     "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
     "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
@@ -211,7 +214,12 @@ class IdempotentTask(Base):
         _stack().append(running)
         try:
             body = functools.partial(self._run_body, running, args, kwargs)
-            return deliver(self._delivery(key, args, kwargs), body, self._requeue)
+            result = deliver(self._delivery(key, args, kwargs), body, self._requeue)
+            if running.handed_on is not None:
+                raise running.handed_on
+            if result == HANDED_ON:
+                raise Ignore()  # a replay of a body that replaced itself or raised Ignore
+            return result
         finally:
             _stack().pop()
             self.pop_request()
@@ -225,7 +233,13 @@ class IdempotentTask(Base):
         running.idempotency = idempotency
         if not self._accepts_key:
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
-        return self.run(*args, **kwargs)
+        try:
+            return self.run(*args, **kwargs)
+        except Ignore as exc:
+            # self.replace() and Ignore hand the work on (or drop it) on purpose: the key is done,
+            # so a redelivery must not run the body again, and Celery must still see the Ignore.
+            running.handed_on = exc
+            return HANDED_ON
 
     @functools.cached_property
     def _accepts_key(self) -> bool:

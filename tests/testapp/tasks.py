@@ -7,8 +7,11 @@ import time
 from typing import Any
 
 from celery import shared_task
+from celery.exceptions import Ignore, Reject
 from celery.signals import task_postrun
+from django.dispatch import receiver
 
+from django_idempotent_tasks import signals
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import IdempotentTask
 from tests.testapp.faults import control, reached
@@ -230,3 +233,19 @@ def fails_for_good(self: Any, value: int) -> None:
 @shared_task(base=IdempotentTask, bind=True)
 def send_receipt(self: Any, charged: Any = None, order_id: int = 0) -> dict[str, Any]:
     return effect(self, order_id)
+
+
+@shared_task(base=IdempotentTask, bind=True, ignore_result=True)
+def hands_on(self: Any, value: int, how: str) -> Any:
+    """tests/test_control_flow.py: Celery's control flow from the body."""
+    effect(self, value)
+    if how == "replace":
+        raise self.replace(record_effect.si(value, idempotency_key=self.idempotency.subkey("next")))
+    if how == "ignore":
+        raise Ignore()
+    raise Reject("refused", requeue=False)
+
+
+@receiver(signals.task_replayed)
+def count_replays(sender: Any, key: str, **kwargs: Any) -> None:
+    control().incr(f"replayed:{key}")  # what a worker replayed, for the worker tests
