@@ -249,3 +249,16 @@ def hands_on(self: Any, value: int, how: str) -> Any:
 @receiver(signals.task_replayed)
 def count_replays(sender: Any, key: str, **kwargs: Any) -> None:
     control().incr(f"replayed:{key}")  # what a worker replayed, for the worker tests
+
+
+if os.environ.get("IDEMPOTENT_TESTS_DEPLOY") == "2":  # tests/test_deploy.py: the next release of the task
+
+    @shared_task(base=IdempotentTask, bind=True, ignore_result=True)
+    def deployed(self: Any, value: int, currency: str = "EUR") -> dict[str, Any]:
+        return effect(self, f"{value} {currency}")
+
+else:
+
+    @shared_task(base=IdempotentTask, bind=True, ignore_result=True)
+    def deployed(self: Any, value: int) -> dict[str, Any]:
+        return effect(self, value)
