@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
 
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
@@ -71,6 +72,21 @@ conf = Settings()
 
 
 ON_CONFLICT_CHOICES = ("retry", "wait", "raise")
+ASYNC_BODY = (
+    "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
+    "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
+    "the key would be marked done with None. Write the task as a def that runs the coroutine: "
+    "return asyncio.run(work(...))."
+)
+
+
+def conflict_countdown(conflicts: int, lock_ttl: int) -> int:
+    """Seconds before a delivery re-queued by a conflict runs again: exponential, full jitter, capped."""
+    # Capped at lock_ttl: by then the holder has renewed its lease or lost it, so waiting longer
+    # only delays the replay. Never below the configured delay, so losers never spin.
+    factor = conf.CONFLICT_RETRY_DELAY
+    jittered = get_exponential_backoff_interval(factor, conflicts, max(factor, lock_ttl), full_jitter=True)
+    return max(factor, jittered)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
 from django_idempotent_tasks import canvas, keys, store
-from django_idempotent_tasks.conf import TaskOptions, conf, task_options
+from django_idempotent_tasks.conf import ASYNC_BODY, TaskOptions, conf, conflict_countdown, task_options
 from django_idempotent_tasks.delivery import Delivery, deliver
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 from django_idempotent_tasks.idempotency import Idempotency
@@ -54,14 +54,9 @@ def _current(task: Any) -> _Running | None:
 
 KEY_ARGUMENT = canvas.KEY_ARGUMENT
 canvas.install()
+CONFLICTS_HEADER = "idempotency_conflicts"  # how many times this delivery was re-queued by a conflict
 #: The stored result of a key whose body replaced itself (``self.replace``) or raised ``Ignore``.
 HANDED_ON = {"django_idempotent_tasks.handed_on": True}
-ASYNC_BODY = (
-    "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
-    "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
-    "the key would be marked done with None. Write the task as a def that runs the coroutine: "
-    "return asyncio.run(work(...))."
-)
 
 
 def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
@@ -276,7 +271,10 @@ class IdempotentTask(Base):
     def _requeue(self) -> NoReturn:
         """Send this delivery again after a countdown, without counting a retry, and ack this one."""
         request = self.request
-        self.signature_from_request(request, countdown=conf.CONFLICT_RETRY_DELAY).apply_async()
+        conflicts = int(getattr(request, CONFLICTS_HEADER, None) or 0)
+        countdown = conflict_countdown(conflicts, self.idempotency_options.effective_lock_ttl)
+        headers = {CONFLICTS_HEADER: conflicts + 1}
+        self.signature_from_request(request, countdown=countdown, headers=headers).apply_async()
         raise Ignore()
 
     def on_failure(self, exc: Exception, task_id: str, args: Any, kwargs: Any, einfo: Any) -> None:

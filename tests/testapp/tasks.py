@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import time
 from typing import Any
 
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
-from celery.signals import task_postrun
+from celery.signals import before_task_publish, task_postrun
 from django.dispatch import receiver
 
 from django_idempotent_tasks import signals
 from django_idempotent_tasks.models import IdempotencyRecord
-from django_idempotent_tasks.tasks import IdempotentTask
+from django_idempotent_tasks.tasks import CONFLICTS_HEADER, IdempotentTask
 from tests.testapp.faults import control, reached
 from tests.testapp.models import Effect
 
@@ -262,3 +264,14 @@ else:
     @shared_task(base=IdempotentTask, bind=True, ignore_result=True)
     def deployed(self: Any, value: int) -> dict[str, Any]:
         return effect(self, value)
+
+
+@before_task_publish.connect
+def record_requeues(sender: Any = None, headers: Any = None, **kwargs: Any) -> None:
+    """tests/test_backoff.py: the countdown and conflict count of every delivery re-queued by a conflict."""
+    conflicts = (headers or {}).get(CONFLICTS_HEADER)
+    if conflicts is not None and headers.get("eta"):
+        delay = (
+            datetime.datetime.fromisoformat(headers["eta"]) - datetime.datetime.now(datetime.timezone.utc)
+        ).total_seconds()
+        control().rpush("requeues", json.dumps([conflicts, delay]))
