@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from celery import canvas
+
+from django_idempotent_tasks import keys
 
 KEY_ARGUMENT = "idempotency_key"
 PER_TASK_OPTIONS = frozenset(
@@ -64,7 +66,21 @@ def check(signature: Any, partial: bool = False) -> None:
     for member, gets_result in _members(signature, partial):
         task = member.app.tasks.get(member.task)
         if isinstance(task, IdempotentTask):
-            task.check_call(member.args, member.kwargs, member.options, partial=gets_result)
+            check_member(task, member.args, member.kwargs, member.options, partial=gets_result)
+
+
+def check_member(
+    task: Any, args: Sequence[Any], kwargs: Mapping[str, Any], options: Mapping[str, Any], partial: bool
+) -> None:
+    """Raise what a worker would refuse in one member; ``partial``: a parent's result comes first."""
+    if not partial:
+        task._keyed(args, kwargs, options)
+    elif (error := per_call_error(task.name, options)) is not None:
+        raise error
+    elif kwargs.get(KEY_ARGUMENT) is not None:
+        keys.validate_key(kwargs[KEY_ARGUMENT])
+    elif task.idempotency_options.key_source is None:
+        raise keys.missing_key_error(task.name)
 
 
 def check_callbacks(options: Mapping[str, Any]) -> None:

@@ -18,7 +18,7 @@ from celery.worker.request import Request
 from django_idempotent_tasks import canvas, keys, store
 from django_idempotent_tasks.conf import ASYNC_BODY, TaskOptions, conf, conflict_countdown, task_options
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
 
 if TYPE_CHECKING:
@@ -39,6 +39,8 @@ class _Running:
     idempotency: Idempotency | None = None
     sends: list[Callable[[], Any]] = field(default_factory=list)
     handed_on: Ignore | None = None
+    check_result: bool = False
+    unstorable: str | None = None
 
 
 def _stack() -> list[_Running]:
@@ -139,20 +141,6 @@ class IdempotentTask(Base):
         body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         return keys.derive_key(source, self.name, self.run, args, body_kwargs)
 
-    def check_call(
-        self, args: Sequence[Any], kwargs: Mapping[str, Any], options: Mapping[str, Any], partial: bool
-    ) -> None:
-        """Raise what a worker would refuse in a canvas member; ``partial``: its first args come later."""
-        error = canvas.per_call_error(self.name, options)
-        if error is not None:
-            raise error
-        if not partial:
-            self._keyed(args, kwargs, {})
-        elif kwargs.get(KEY_ARGUMENT) is not None:
-            keys.validate_key(kwargs[KEY_ARGUMENT])
-        elif self.idempotency_options.key_source is None:
-            raise keys.missing_key_error(self.name)
-
     def _keyed(
         self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: Mapping[str, Any]
     ) -> dict[str, Any]:
@@ -208,10 +196,17 @@ class IdempotentTask(Base):
         running = _Running(self, self.request.id)
         _stack().append(running)
         try:
-            body = functools.partial(self._run_body, running, args, kwargs)
-            result = deliver(self._delivery(key, args, kwargs), body, self._requeue)
+            delivery = self._delivery(key, args, kwargs)
+            running.check_result = delivery.eager
+            result = deliver(
+                delivery, functools.partial(self._run_body, running, args, kwargs), self._requeue
+            )
             if running.handed_on is not None:
                 raise running.handed_on
+            if running.unstorable is not None:
+                raise UnstorableResult(
+                    f"{delivery.label} is done and will not run again, but: {running.unstorable}"
+                )
             if result == HANDED_ON:
                 raise Ignore()  # a replay of a body that replaced itself or raised Ignore
             return result
@@ -229,12 +224,15 @@ class IdempotentTask(Base):
         if not self._accepts_key:
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         try:
-            return self.run(*args, **kwargs)
+            value = self.run(*args, **kwargs)
         except Ignore as exc:
             # self.replace() and Ignore hand the work on (or drop it) on purpose: the key is done,
             # so a redelivery must not run the body again, and Celery must still see the Ignore.
             running.handed_on = exc
             return HANDED_ON
+        if running.check_result:  # eager: say so loudly, after the key is marked done
+            running.unstorable = store.encode_result(value, conf.MAX_RESULT_BYTES)[1]
+        return value
 
     @functools.cached_property
     def _accepts_key(self) -> bool:

@@ -7,10 +7,12 @@ from typing import Any
 
 import pytest
 
-from django_idempotent_tasks.exceptions import IdempotencyKeyMismatch, InvalidIdempotencyKey
+from django_idempotent_tasks.exceptions import IdempotencyKeyMismatch, InvalidIdempotencyKey, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.testing import assert_runs_once
 from tests.test_enqueue import broker, queued  # noqa: F401  (the fixture)
 from tests.testapp import tasks
+from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db
 
@@ -62,3 +64,15 @@ def test_datetimes_are_fingerprinted_to_the_microsecond() -> None:
     later = moment + datetime.timedelta(microseconds=1)
     with pytest.raises(IdempotencyKeyMismatch):
         tasks.record_effect.apply((later,), {"idempotency_key": "moment"}).get()
+
+
+@pytest.mark.parametrize("kind", ["dataclass", "set"])
+def test_an_unstorable_result_raises_in_eager_runs_and_the_key_stays_done(kind: str) -> None:
+    with pytest.raises(UnstorableResult, match="will not run again.*not JSON serializable"):
+        tasks.returns.apply((kind,), {"idempotency_key": kind}).get()
+    assert tasks.returns.apply((kind,), {"idempotency_key": kind}).get() is None  # replayed
+    assert Effect.objects.count() == 1
+    assert IdempotencyRecord.objects.get().status == "SUCCEEDED"
+    with pytest.raises(AssertionError, match="UnstorableResult"):
+        assert_runs_once(tasks.returns, kind, key=f"helper-{kind}", times=2, threads=False)
+    assert tasks.returns.apply(("fixed",), {"idempotency_key": "fixed"}).get() == {"order_id": 7}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -275,3 +276,16 @@ def record_requeues(sender: Any = None, headers: Any = None, **kwargs: Any) -> N
             datetime.datetime.fromisoformat(headers["eta"]) - datetime.datetime.now(datetime.timezone.utc)
         ).total_seconds()
         control().rpush("requeues", json.dumps([conflicts, delay]))
+
+
+@dataclasses.dataclass
+class Receipt:
+    order_id: int
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def returns(self: Any, kind: str) -> Any:
+    """tests/test_misuse.py: results the JSON encoder cannot store, and the JSON-friendly fix."""
+    effect(self, kind)
+    receipt = Receipt(7)
+    return {"dataclass": receipt, "set": {1, 2}, "fixed": dataclasses.asdict(receipt)}[kind]
