@@ -11,7 +11,7 @@ from django.db import connection
 from django.db.models import F
 
 from django_idempotent_tasks import keys, signals
-from django_idempotent_tasks.exceptions import AttemptsExhausted, LeaseLost, TaskInProgress
+from django_idempotent_tasks.exceptions import AttemptsExhausted, LeaseLost, TaskInProgress, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.testapp import tasks
 from tests.testapp.models import Effect
@@ -66,7 +66,8 @@ def test_every_signal_can_be_filtered_by_its_shared_task(listen: Any, lock_redis
     for _ in range(2):
         with pytest.raises((RuntimeError, AttemptsExhausted)):
             run(tasks.fails_for_good, 1, key="b")
-    run(tasks.unstorable, "object", key="c")
+    with pytest.raises(UnstorableResult):
+        run(tasks.unstorable, "object", key="c")
     lock_redis.set(keys.lock_name(tasks.raising_conflict.name, "d"), "another delivery", px=60_000)
     with pytest.raises(TaskInProgress):
         run(tasks.raising_conflict, 0, key="d")
