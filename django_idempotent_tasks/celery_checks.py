@@ -10,7 +10,6 @@ from django.core import checks
 from django.utils.module_loading import autodiscover_modules
 
 from django_idempotent_tasks.checks import PREFIX, lock_cache
-from django_idempotent_tasks.conf import conf
 
 PICKLE = {"pickle", "application/x-python-serialize"}
 REDIS_SCHEMES = {"redis", "rediss", "unix", "redis+socket"}
@@ -114,7 +113,7 @@ def _late_ack(
 
 
 def _lock_ttl(task: Any) -> int:
-    return int(task.lock_ttl or conf.LOCK_TTL)
+    return int(task.idempotency_options.effective_lock_ttl)
 
 
 def _broker_url(app: Any) -> str:
@@ -156,7 +155,7 @@ def _time_limit(app: Any, task: Any) -> list[checks.CheckMessage]:
     # running delivery's record from being purged. The last lease a run can hold ends at most
     # time_limit + lock_ttl after the claim, so the record's retention must reach beyond that.
     limit = _effective(app, task, "time_limit", "task_time_limit")
-    lock_ttl, record_ttl = _lock_ttl(task), int(task.record_ttl or conf.RECORD_TTL)
+    lock_ttl, record_ttl = _lock_ttl(task), int(task.idempotency_options.effective_record_ttl)
     if not limit or limit + lock_ttl <= record_ttl:
         return []
     return [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -255,7 +256,13 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
     heartbeat.stop()
     if not done:
         raise LeaseLost(f"{delivery.label} lost its lease (fence {claim.fence}) before completing.")
-    delivery.send(signals.task_completed, fence=claim.fence)
+    if delivery.atomic:  # the completion commits with the body's transaction: tell receivers after it
+        transaction.on_commit(
+            functools.partial(delivery.send, signals.task_completed, fence=claim.fence),
+            using=store.database(),
+        )
+    else:
+        delivery.send(signals.task_completed, fence=claim.fence)
     return stored
 
 

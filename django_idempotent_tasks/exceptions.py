@@ -31,5 +31,9 @@ class AttemptsExhausted(IdempotencyError):
     """The key used up its attempts and is failed for good."""
 
 
-class IdempotencyConfigurationError(ImproperlyConfigured):
-    """A setting of this app is missing or invalid."""
+class UnstorableResult(IdempotencyError):
+    """An eager run finished and its key is done, but its result could not be stored (JSON, size)."""
+
+
+class IdempotencyConfigurationError(IdempotencyError, ImproperlyConfigured):
+    """A setting of this app or an option of an idempotent task is missing or invalid."""

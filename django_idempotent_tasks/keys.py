@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import inspect
 import json
@@ -31,6 +32,11 @@ def validate_key(key: object) -> str:
         raise InvalidIdempotencyKey(
             "An idempotency key must not contain control characters (such as NUL or newline)."
         )
+    if any(unicodedata.category(char) == "Cs" for char in key):
+        raise InvalidIdempotencyKey(
+            "An idempotency key must be valid Unicode text: it contains a lone surrogate, which "
+            "cannot be encoded as UTF-8 (decode bytes with errors='strict', not 'surrogateescape')."
+        )
     return key
 
 
@@ -44,6 +50,33 @@ def bind_arguments(run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping
         if param.kind is inspect.Parameter.VAR_KEYWORD and name in arguments:
             arguments.update(arguments.pop(name))
     return arguments
+
+
+def passed_arguments(
+    run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The arguments a call passed, by parameter name, leaving out those equal to their default."""
+    # Defaults are not the caller's: a deploy adding an optional parameter must keep old messages'
+    # fingerprints, and passing a default explicitly is the same call as leaving it out.
+    signature = inspect.signature(run)
+    arguments = dict(signature.bind_partial(*args, **kwargs).arguments)
+    for name, param in signature.parameters.items():
+        if name not in arguments:
+            continue
+        if param.kind is inspect.Parameter.VAR_KEYWORD:
+            arguments.update(arguments.pop(name))
+        elif _is_default(arguments[name], param.default):
+            del arguments[name]
+    return arguments
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if default is inspect.Parameter.empty or type(value) is not type(default):
+        return False
+    try:
+        return bool(value == default)
+    except Exception:  # an argument whose == raises is simply not the default
+        return False
 
 
 def derive_key(
@@ -78,9 +111,21 @@ def canonical_json(value: Any) -> str:
     return json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":"))
 
 
+class _FingerprintEncoder(DjangoJSONEncoder):
+    """DjangoJSONEncoder with datetimes and times to the microsecond (it cuts them to milliseconds)."""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, (datetime.datetime, datetime.time)):
+            return o.isoformat()
+        if isinstance(o, (bytes, bytearray, memoryview)):
+            raise TypeError("bytes are not JSON text; pass a str (for example base64 of the bytes)")
+        return super().default(o)
+
+
 def fingerprint(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-    """sha256 of the call's arguments (the key itself excluded)."""
-    payload = canonical_json([list(args), {k: v for k, v in kwargs.items() if k != "idempotency_key"}])
+    """sha256 of the call's arguments (the key itself excluded); TypeError if one is not JSON."""
+    value = [list(args), {k: v for k, v in kwargs.items() if k != "idempotency_key"}]
+    payload = json.dumps(value, cls=_FingerprintEncoder, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(payload.encode()).hexdigest()
 
 

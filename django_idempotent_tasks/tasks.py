@@ -16,10 +16,10 @@ from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
-from django_idempotent_tasks import keys, store
-from django_idempotent_tasks.conf import conf
+from django_idempotent_tasks import canvas, keys, store
+from django_idempotent_tasks.conf import ASYNC_BODY, TaskOptions, conf, conflict_countdown, task_options
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
 
 if TYPE_CHECKING:
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 else:
     Base = DjangoTask
 
-ON_CONFLICT_CHOICES = ("retry", "wait", "raise")
 _running = threading.local()
 
 
@@ -40,6 +39,9 @@ class _Running:
     task_id: str | None
     idempotency: Idempotency | None = None
     sends: list[Callable[[], Any]] = field(default_factory=list)
+    handed_on: Ignore | None = None
+    check_result: bool = False
+    unstorable: str | None = None
 
 
 def _stack() -> list[_Running]:
@@ -53,7 +55,11 @@ def _current(task: Any) -> _Running | None:
     return next((entry for entry in reversed(_stack()) if entry.task is task), None)
 
 
-KEY_ARGUMENT = "idempotency_key"
+KEY_ARGUMENT = canvas.KEY_ARGUMENT
+canvas.install()
+CONFLICTS_HEADER = "idempotency_conflicts"  # how many times this delivery was re-queued by a conflict
+#: The stored result of a key whose body replaced itself (``self.replace``) or raised ``Ignore``.
+HANDED_ON = {"django_idempotent_tasks.handed_on": True}
 
 
 def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
@@ -83,7 +89,6 @@ class IdempotentRequest(Request):
 class IdempotentTask(Base):
     """A task whose deliveries under one idempotency key run the body at most once."""
 
-    abstract = True
     Request = "django_idempotent_tasks.tasks:IdempotentRequest"
     idempotency_key: ClassVar[str | Callable[..., Any] | None] = None
     idempotency_scope: ClassVar[str | None] = None
@@ -92,6 +97,7 @@ class IdempotentTask(Base):
     on_conflict: ClassVar[str] = "retry"
     atomic: ClassVar[bool] = False
     max_attempts: ClassVar[int | None] = None
+    _idempotency_options: ClassVar[TaskOptions | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -101,6 +107,22 @@ class IdempotentTask(Base):
         header = cls.__dict__.get("__header__")
         if header is not None:
             cls.__header__ = staticmethod(_accepting_key(header.__func__))  # type: ignore[attr-defined]
+
+    @classmethod
+    def on_bound(cls, app: Any) -> None:
+        """Validate and freeze the task's options when Celery binds it to its app."""
+        super().on_bound(app)
+        if inspect.iscoroutinefunction(cls.run) or inspect.isasyncgenfunction(cls.run):
+            raise IdempotencyConfigurationError(ASYNC_BODY.format(name=cls.name))
+        cls._idempotency_options = task_options(cls)
+
+    @property
+    def idempotency_options(self) -> TaskOptions:
+        """The task's validated options (``None`` fields mean the setting)."""
+        options = type(self).__dict__.get("_idempotency_options")
+        if options is None:  # a subclass of a bound task, not bound itself yet
+            options = type(self)._idempotency_options = task_options(self)
+        return options
 
     @property
     def idempotency(self) -> Idempotency:
@@ -116,20 +138,35 @@ class IdempotentTask(Base):
         """The key of a call: the caller's ``idempotency_key=``, else the task's template or callable."""
         if kwargs.get(KEY_ARGUMENT) is not None:
             return keys.validate_key(kwargs[KEY_ARGUMENT])
-        if self.idempotency_key is None:
+        source = self.idempotency_options.key_source
+        if source is None:
             raise keys.missing_key_error(self.name)
         body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
-        return keys.derive_key(self.idempotency_key, self.name, self.run, args, body_kwargs)
+        return keys.derive_key(source, self.name, self.run, args, body_kwargs)
 
-    def _keyed(self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    def _keyed(
+        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The call's kwargs with its key, checked as a worker will check them; raises on misuse."""
+        error = canvas.per_call_error(self.name, options)
+        if error is not None:
+            raise error
+        canvas.check_callbacks(options)
         kwargs = dict(kwargs or {})
         kwargs[KEY_ARGUMENT] = self.resolve_key(args or (), kwargs)
+        try:
+            self._fingerprint(args or (), kwargs)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"The arguments of idempotent task {self.name!r} must be JSON values, so that a worker "
+                f"can fingerprint them: {exc}."
+            ) from exc
         return kwargs
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, *extra: Any, **options: Any
     ) -> Any:
-        kwargs = self._keyed(args, kwargs)
+        kwargs = self._keyed(args, kwargs, options)
         running = _current(self)
         if running is not None and task_id is not None and task_id == running.task_id:
             # self.retry() sends while we still hold the lock: send after the release instead.
@@ -140,12 +177,12 @@ class IdempotentTask(Base):
         return super().apply_async(args, kwargs, task_id, *extra, **options)
 
     def apply(self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any) -> Any:
-        return super().apply(args, self._keyed(args, kwargs), *extra, **options)
+        return super().apply(args, self._keyed(args, kwargs, options), *extra, **options)
 
     def apply_async_on_commit(  # type: ignore[override]
         self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any
     ) -> None:
-        super().apply_async_on_commit(args, self._keyed(args, kwargs), *extra, **options)
+        super().apply_async_on_commit(args, self._keyed(args, kwargs, options), *extra, **options)
 
     def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         self.apply_async_on_commit(args, kwargs)
@@ -162,8 +199,20 @@ class IdempotentTask(Base):
         running = _Running(self, self.request.id)
         _stack().append(running)
         try:
-            body = functools.partial(self._run_body, running, args, kwargs)
-            return deliver(self._delivery(key, args, kwargs), body, self._requeue)
+            delivery = self._delivery(key, args, kwargs)
+            running.check_result = delivery.eager
+            result = deliver(
+                delivery, functools.partial(self._run_body, running, args, kwargs), self._requeue
+            )
+            if running.handed_on is not None:
+                raise running.handed_on
+            if running.unstorable is not None:
+                raise UnstorableResult(
+                    f"{delivery.label} is done and will not run again, but: {running.unstorable}"
+                )
+            if result == HANDED_ON:
+                raise Ignore()  # a replay of a body that replaced itself or raised Ignore
+            return result
         finally:
             _stack().pop()
             self.pop_request()
@@ -177,7 +226,16 @@ class IdempotentTask(Base):
         running.idempotency = idempotency
         if not self._accepts_key:
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
-        return self.run(*args, **kwargs)
+        try:
+            value = self.run(*args, **kwargs)
+        except Ignore as exc:
+            # self.replace() and Ignore hand the work on (or drop it) on purpose: the key is done,
+            # so a redelivery must not run the body again, and Celery must still see the Ignore.
+            running.handed_on = exc
+            return HANDED_ON
+        if running.check_result:  # eager: say so loudly, after the key is marked done
+            running.unstorable = store.encode_result(value, conf.MAX_RESULT_BYTES)[1]
+        return value
 
     @functools.cached_property
     def _accepts_key(self) -> bool:
@@ -186,19 +244,19 @@ class IdempotentTask(Base):
         return any(p.name == KEY_ARGUMENT or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
     def _delivery(self, key: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Delivery:
-        request = self.request
+        request, options = self.request, self.idempotency_options
         return Delivery(
             sender=self,
             task_name=self.name,
             key=key,
-            scope=self.idempotency_scope or self.name,
+            scope=options.scope,
             fingerprint=self._fingerprint(args, kwargs),
             task_id=request.id or "",
-            lock_ttl=self.lock_ttl or conf.LOCK_TTL,
-            record_ttl=self.record_ttl or conf.RECORD_TTL,
-            on_conflict=self._on_conflict(),
-            atomic=bool(self.atomic),
-            max_attempts=self.max_attempts or conf.MAX_ATTEMPTS,
+            lock_ttl=options.effective_lock_ttl,
+            record_ttl=options.effective_record_ttl,
+            on_conflict=options.on_conflict,
+            atomic=options.atomic,
+            max_attempts=options.effective_max_attempts,
             max_result_bytes=conf.MAX_RESULT_BYTES,
             eager=bool(request.is_eager or request.called_directly or request.id is None),
         )
@@ -206,22 +264,18 @@ class IdempotentTask(Base):
     def _fingerprint(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         try:
-            return keys.fingerprint([], keys.bind_arguments(self.run, args, body_kwargs))
+            arguments = keys.passed_arguments(self.run, args, body_kwargs)
         except TypeError:
             return keys.fingerprint(args, body_kwargs)
-
-    def _on_conflict(self) -> str:
-        if self.on_conflict not in ON_CONFLICT_CHOICES:
-            raise IdempotencyConfigurationError(
-                f"{self.name}: on_conflict must be one of {', '.join(ON_CONFLICT_CHOICES)}, "
-                f"got {self.on_conflict!r}."
-            )
-        return self.on_conflict
+        return keys.fingerprint([], arguments)
 
     def _requeue(self) -> NoReturn:
         """Send this delivery again after a countdown, without counting a retry, and ack this one."""
         request = self.request
-        self.signature_from_request(request, countdown=conf.CONFLICT_RETRY_DELAY).apply_async()
+        conflicts = int(getattr(request, CONFLICTS_HEADER, None) or 0)
+        countdown = conflict_countdown(conflicts, self.idempotency_options.effective_lock_ttl)
+        headers = {CONFLICTS_HEADER: conflicts + 1}
+        self.signature_from_request(request, countdown=countdown, headers=headers).apply_async()
         raise Ignore()
 
     def free_timed_out_claim(
@@ -231,8 +285,13 @@ class IdempotentTask(Base):
         # The child dies before it can record anything and the message is acked, so free the claim
         # here (in the worker's main process) or the key stays IN_PROGRESS.
         if isinstance(kwargs, dict) and KEY_ARGUMENT in kwargs:
-            scope = self.idempotency_scope or self.name
-            store.fail_task(scope, kwargs[KEY_ARGUMENT], task_id, store.describe_error(exc), worker)
+            store.fail_task(
+                self.idempotency_options.scope,
+                kwargs[KEY_ARGUMENT],
+                task_id,
+                store.describe_error(exc),
+                worker,
+            )
 
 
 @shared_task(name="django_idempotent_tasks.purge_expired_records", ignore_result=True)

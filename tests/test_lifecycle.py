@@ -20,6 +20,7 @@ from django_idempotent_tasks.exceptions import (
     IdempotencyKeyMismatch,
     LeaseLost,
     TaskInProgress,
+    UnstorableResult,
 )
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.testapp import tasks
@@ -156,8 +157,8 @@ def test_attempts_exhausted_fails_the_key_for_good(received: list[Any]) -> None:
     [("object", "not JSON serializable"), ("large", "over IDEMPOTENT_TASKS_MAX_RESULT_BYTES")],
 )
 def test_unstorable_results_still_mark_the_key_done(kind: str, reason: str, caplog: Any) -> None:
-    with caplog.at_level(logging.ERROR, logger="django_idempotent_tasks"):
-        assert run(tasks.unstorable, kind, key=f"u-{kind}") is None
+    with caplog.at_level(logging.ERROR, logger="django_idempotent_tasks"), pytest.raises(UnstorableResult):
+        run(tasks.unstorable, kind, key=f"u-{kind}")  # an eager run says so; a worker logs it
     assert run(tasks.unstorable, kind, key=f"u-{kind}") is None
     assert Effect.objects.count() == 1
     record = IdempotencyRecord.objects.get()

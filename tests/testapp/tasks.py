@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
+import json
 import os
 import time
 from typing import Any
 
 from celery import shared_task
-from celery.signals import task_postrun
+from celery.exceptions import Ignore, Reject
+from celery.signals import before_task_publish, task_postrun
 from django.db import OperationalError, connection, transaction
+from django.dispatch import receiver
 
+from django_idempotent_tasks import signals
 from django_idempotent_tasks.models import IdempotencyRecord
-from django_idempotent_tasks.tasks import IdempotentTask
+from django_idempotent_tasks.tasks import CONFLICTS_HEADER, IdempotentTask
 from tests.testapp.faults import control, reached
 from tests.testapp.models import Effect
 
@@ -312,3 +318,61 @@ def notices_lost_lease(self: Any) -> Any:
         time.sleep(0.05)  # the heartbeat renews every lock_ttl / 3 s and finds the fence moved on
     control().set(f"lost:{self.idempotency.key}", int(self.idempotency.lease_lost))
     return self.idempotency.step("after", lambda: control().incr(f"calls:{self.idempotency.key}"))
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def send_receipt(self: Any, charged: Any = None, order_id: int = 0) -> dict[str, Any]:
+    return effect(self, order_id)
+
+
+@shared_task(base=IdempotentTask, bind=True, ignore_result=True)
+def hands_on(self: Any, value: int, how: str) -> Any:
+    """tests/test_control_flow.py: Celery's control flow from the body."""
+    effect(self, value)
+    if how == "replace":
+        raise self.replace(record_effect.si(value, idempotency_key=self.idempotency.subkey("next")))
+    if how == "ignore":
+        raise Ignore()
+    raise Reject("refused", requeue=False)
+
+
+@receiver(signals.task_replayed)
+def count_replays(sender: Any, key: str, **kwargs: Any) -> None:
+    control().incr(f"replayed:{key}")  # what a worker replayed, for the worker tests
+
+
+if os.environ.get("IDEMPOTENT_TESTS_DEPLOY") == "2":  # tests/test_deploy.py: the next release of the task
+
+    @shared_task(base=IdempotentTask, bind=True, ignore_result=True)
+    def deployed(self: Any, value: int, currency: str = "EUR") -> dict[str, Any]:
+        return effect(self, f"{value} {currency}")
+
+else:
+
+    @shared_task(base=IdempotentTask, bind=True, ignore_result=True)
+    def deployed(self: Any, value: int) -> dict[str, Any]:
+        return effect(self, value)
+
+
+@before_task_publish.connect
+def record_requeues(sender: Any = None, headers: Any = None, **kwargs: Any) -> None:
+    """tests/test_backoff.py: the countdown and conflict count of every delivery re-queued by a conflict."""
+    conflicts = (headers or {}).get(CONFLICTS_HEADER)
+    if conflicts is not None and headers.get("eta"):
+        delay = (
+            datetime.datetime.fromisoformat(headers["eta"]) - datetime.datetime.now(datetime.timezone.utc)
+        ).total_seconds()
+        control().rpush("requeues", json.dumps([conflicts, delay]))
+
+
+@dataclasses.dataclass
+class Receipt:
+    order_id: int
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def returns(self: Any, kind: str) -> Any:
+    """tests/test_misuse.py: results the JSON encoder cannot store, and the JSON-friendly fix."""
+    effect(self, kind)
+    receipt = Receipt(7)
+    return {"dataclass": receipt, "set": {1, 2}, "fixed": dataclasses.asdict(receipt)}[kind]

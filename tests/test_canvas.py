@@ -1,0 +1,58 @@
+"""A canvas with an idempotent member that a worker would refuse sends nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from celery import chain, chord, group
+
+from django_idempotent_tasks.exceptions import InvalidIdempotencyKey, MissingIdempotencyKey
+from tests.test_enqueue import broker, queued  # noqa: F401  (the fixture)
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+def good(n: int) -> Any:
+    return tasks.record_effect.si(n, idempotency_key=f"canvas-{n}")
+
+
+def test_a_chain_with_a_keyless_later_link_sends_nothing(broker: Any) -> None:  # noqa: F811
+    with pytest.raises(MissingIdempotencyKey, match="send_receipt"):
+        chain(good(1), tasks.send_receipt.si(order_id=1)).apply_async()
+    with pytest.raises(MissingIdempotencyKey, match="send_receipt"):
+        (good(1) | tasks.send_receipt.s(order_id=1)).delay()
+    assert queued(broker) == []
+
+
+def test_a_group_with_a_keyless_last_member_sends_nothing(broker: Any) -> None:  # noqa: F811
+    with pytest.raises(MissingIdempotencyKey):
+        group([good(1), good(2), tasks.record_effect.si(3)]).apply_async()
+    with pytest.raises(InvalidIdempotencyKey):
+        group([good(1), tasks.record_effect.si(3, idempotency_key="")]).apply_async()
+    assert queued(broker) == []
+
+
+def test_a_chord_with_a_keyless_header_member_or_body_sends_nothing(broker: Any) -> None:  # noqa: F811
+    with pytest.raises(MissingIdempotencyKey):
+        chord([good(1), tasks.record_effect.si(2)])(tasks.send_receipt.s(idempotency_key="receipt"))
+    with pytest.raises(MissingIdempotencyKey):
+        chord([good(1), good(2)])(tasks.send_receipt.s())
+    assert queued(broker) == []
+
+
+def test_callbacks_are_checked_before_the_task_is_sent(broker: Any) -> None:  # noqa: F811
+    with pytest.raises(MissingIdempotencyKey):
+        good(1).apply_async(link=tasks.send_receipt.s())
+    with pytest.raises(MissingIdempotencyKey):
+        good(1).apply_async(link_error=[tasks.send_receipt.si()])
+    assert queued(broker) == []
+
+
+def test_a_well_keyed_canvas_is_sent(broker: Any) -> None:  # noqa: F811
+    chain(good(1), tasks.send_receipt.s(order_id=1, idempotency_key="receipt-1")).apply_async()
+    group([good(2), good(3)]).apply_async()
+    # A later link with a key template or callable is derived in the worker, from the parent's result.
+    (good(4) | tasks.charge_order.s()).apply_async()
+    assert len(queued(broker)) == 4
