@@ -103,3 +103,16 @@ dist: venv
 dist-check: dist
 	$(BIN)/twine check --strict dist/*
 	$(BIN)/python scripts/check_dist.py dist
+
+# The crash-and-fault explorer (docs/reliability.md): every fault at every boundary of one delivery
+# per task kind, on each database of EXPLORE_DATABASES. EXPLORE_CELL=<kind>:<boundary>:<fault> runs
+# one cell again; EXPLORE_MATRIX=slice runs the slice that make test runs (EXPLORE_SEED=N replays it).
+EXPLORE_DATABASES ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/test) mysql://root@localhost/test
+EXPLORE_MATRIX ?= full
+
+.PHONY: explore
+explore: venv
+	@NEED_POSTGRES=0 scripts/check_services.sh
+	set -e; for url in $(EXPLORE_DATABASES); do \
+	  DATABASE_URL=$$url EXPLORE_MATRIX=$(EXPLORE_MATRIX) $(BIN)/python -m pytest tests/explorer -k every_boundary $(PYTEST_ARGS); \
+	done

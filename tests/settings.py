@@ -110,7 +110,7 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_DB_REUSE_MAX = 1000
 # The chaos suite's workers consume only their own queue, never the shared test workers'.
-CELERY_TASK_ROUTES = {"chaos.*": {"queue": "chaos"}}
+CELERY_TASK_ROUTES = {"chaos.*": {"queue": "chaos"}, "explore.*": {"queue": "explore"}}
 
 LOGGING = {
     "version": 1,
