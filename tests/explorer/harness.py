@@ -15,7 +15,7 @@ import redis
 from django.db import connection, connections
 
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.chaos.checker import read_answers
+from tests.chaos.checker import read_answers, text
 from tests.chaos.services import LockRedis, kill_group
 from tests.explorer import verdict
 from tests.explorer.cells import Boundary, Cell
@@ -117,7 +117,7 @@ class Explorer:
 
     def trace(self, key: str) -> list[tuple[str, str]]:
         raw = self.control.lrange(f"explore:trace:{key}", 0, -1)
-        return [tuple(entry.decode().split()) for entry in raw]  # type: ignore[misc]
+        return [(text(entry).split()[0], text(entry).split()[1]) for entry in raw]
 
     def run(self, cell: Cell) -> Run:
         """Strike ``cell``'s fault at its boundary, redeliver and send a duplicate, then check."""
@@ -179,11 +179,20 @@ class Explorer:
             run.notes.append(f"reply dropped: {self.proxy.arm(hit['port'])}")
             self.control.rpush(go, "go")
         elif fault == "lock_restart":
-            self.lock_redis.restart_without_persistence()
-            self.control.rpush(go, "go")
+            self.restart_lock_redis(go)
         elif fault == "pause":
             self.pause(run, hit, duplicate)
         run.notes.append(f"{fault} struck pid {hit['pid']} at {hit['boundary']}")
+
+    def restart_lock_redis(self, go: str) -> None:
+        """R1: the lock Redis dies without persistence and comes back empty; the holder goes on at
+        once, as it would (stalling it past its lease would be another fault). SIGKILL rather than
+        SHUTDOWN NOSAVE, whose client call takes seconds to give up on the closed connection."""
+        assert self.lock_redis.process is not None
+        self.lock_redis.process.kill()
+        self.lock_redis.process.wait(timeout=30)
+        self.control.rpush(go, "go")
+        self.lock_redis.start()
 
     def pause(self, run: Run, hit: dict[str, Any], duplicate: str) -> None:
         """W6: SIGSTOP the holder, send a duplicate, SIGCONT it once the duplicate settled the key."""

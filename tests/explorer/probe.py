@@ -23,6 +23,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import django_idempotent_tasks
+from tests.chaos.checker import text
 from tests.testapp.faults import control
 
 PACKAGE = str(Path(django_idempotent_tasks.__file__).resolve().parent)
@@ -53,7 +54,7 @@ def point(io: str, label: str, phase: str, key: str | None = None, n: int | None
     bid = boundary_id(io, label, n, phase)
     client.rpush(f"explore:trace:{key}", f"{bid} {os.getpid()}")
     armed = client.get(f"explore:arm:{key}")
-    if armed is not None and armed.decode().split()[0] == bid and client.delete(f"explore:arm:{key}"):
+    if armed is not None and text(armed).split()[0] == bid and client.delete(f"explore:arm:{key}"):
         _strike(client, key, bid)
     return n
 
@@ -146,7 +147,7 @@ def install() -> None:
     BaseDatabaseWrapper.commit = wrapped_commit  # type: ignore[method-assign]
     lock_url = urlsplit(settings.LOCK_REDIS_URL)
     lock_address = (lock_url.port or 6379, int(lock_url.path.lstrip("/") or 0))
-    execute_command = redis.Redis.execute_command
+    execute_command: Any = redis.Redis.execute_command
 
     def wrapped_execute(self: Any, *args: Any, **options: Any) -> Any:
         kwargs = self.connection_pool.connection_kwargs

@@ -36,7 +36,7 @@ def effect(task: Any, name: str) -> int:
     ChaosEffect.objects.create(
         key=idem.key, task=name, pid=os.getpid(), fence=idem.fence, recovered=idem.recovered
     )
-    return idem.fence
+    return int(idem.fence)
 
 
 def answer(task: Any, value: int) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.chaos.checker import read_answers
+from tests.chaos.checker import read_answers, text
 from tests.chaosapp.models import ChaosEffect
 from tests.explorer.cells import CRASHES, FAULTS
 from tests.explorer.tasks import EFFECTS, MAX_ATTEMPTS
@@ -18,11 +18,14 @@ if TYPE_CHECKING:
 Status = IdempotencyRecord.Status
 
 
-def crash_window(order: list[str]) -> tuple[int, int] | None:
-    """The boundaries between the external call and the completion commit (RELIABILITY.md I6):
-    a crash there may repeat the call, and only there."""
-    starts = [n for n, bid in enumerate(order) if bid.startswith("external:call#") and bid.endswith(":after")]
-    ends = [n for n, bid in enumerate(order) if "@store.complete#" in bid and bid.endswith(":after")]
+def crash_window(order: list[str], fault: str) -> tuple[int, int] | None:
+    """Where ``fault`` may repeat the external call (RELIABILITY.md I6): a crash between the call
+    and the completion commit; a pause (W6) anywhere between the claim and that commit, since the
+    resumed holder learns of the takeover only at its next fenced write."""
+    after = [n for n, bid in enumerate(order) if bid.endswith(":after")]
+    marks = ("external:call#",) if fault != "pause" else ("@store.insert#", "@store.take_over#")
+    starts = [n for n in after if any(mark in order[n] for mark in marks)]
+    ends = [n for n in after if "@store.complete#" in order[n]]
     if not starts or not ends:
         return None
     return starts[0], ends[-1]
@@ -67,17 +70,21 @@ def check(run: Run, task_ids: list[str], order: list[str]) -> None:
 def _check_external(run: Run, record: IdempotencyRecord, order: list[str]) -> None:
     if run.cell.kind != "external":
         return
-    calls = [entry.decode().split() for entry in control().lrange(f"explore:ext:{run.key}", 0, -1)]
+    calls = [text(entry).split() for entry in control().lrange(f"explore:ext:{run.key}", 0, -1)]
     if record.status == Status.SUCCEEDED and not calls:
         run.violations.append("I6 succeeded without its external call")
     extra = calls[1:]
     if not extra:
         return
-    window = crash_window(order)
+    window = crash_window(order, run.cell.fault)
     at = order.index(run.cell.boundary) if run.cell.boundary in order else -1
     inside = window is not None and window[0] <= at < window[1]
+    # The holder that took over must have been told (after a pause, the resumed holder's call
+    # may come last, so look at the newest fence, not the latest call).
+    newest = max(int(fence) for _, fence, _ in calls)
+    told = all(recovered == "1" for _, fence, recovered in calls if int(fence) == newest)
     for pid, fence, recovered in extra:
-        if run.struck and run.cell.fault in CRASHES and inside and recovered == "1":
+        if run.struck and run.cell.fault in CRASHES and inside and told:
             run.extra_calls += 1
         else:
             run.violations.append(
