@@ -81,8 +81,8 @@ MATRIX_PATH := $(subst $(space),:,$(wildcard $(PYENV_ROOT)/versions/3.1[0-3].*/b
 TOX := PATH="$(MATRIX_PATH):$$PATH" $(BIN)/tox
 EDGE_LEGS := py310-django42-celery54,py313-django61-celery57
 # CI runs the edge legs after `make test` on the middle versions, so they skip what only costs time
-# there: the chaos suite and the browser tests (both run in `make test` and in `make matrix`).
-EDGE_PYTEST_ARGS ?= -m "not chaos and not browser"
+# there: the chaos suite, the explorer and the browser tests (all run in `make test` and in `make matrix`).
+EDGE_PYTEST_ARGS ?= -m "not chaos and not explorer and not browser"
 TOX_ARGS ?=
 
 .PHONY: matrix matrix-edges dist dist-check

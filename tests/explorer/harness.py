@@ -146,12 +146,21 @@ class Explorer:
         return run
 
     def _wait_hit(self, key: str) -> dict[str, Any] | None:
+        """Where the armed boundary struck, or None once the key settled without passing it."""
+        last: list[Any] = [None, time.monotonic()]
+
         def reached() -> Any:
             raw = self.control.get(f"explore:hit:{key}")
             if raw is not None:
                 return json.loads(raw)
+            length = self.control.llen(f"explore:trace:{key}")
+            if length != last[0]:
+                last[:] = [length, time.monotonic()]
             record = IdempotencyRecord.objects.filter(key=key).first()
-            return "settled" if record is not None and record.status == Status.SUCCEEDED else None
+            final = record is not None and record.status in (Status.SUCCEEDED, Status.FAILED)
+            # The boundaries after the completion (release, return, ack) follow it closely: only a
+            # key final and quiet has passed them all.
+            return "settled" if final and time.monotonic() - last[1] > 3 * QUIET_SECONDS else None
 
         hit = wait_for(reached, timeout=REACH_SECONDS, what=f"the boundary for {key}")
         return hit if isinstance(hit, dict) else None
