@@ -120,6 +120,9 @@ def take_over(
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
         setattr(record, name, value)
+    # The snapshot may predate a checkpoint the old holder committed since (its step transaction
+    # held the row while we waited): resume from what is committed, or a finished step runs again.
+    record.steps = records().filter(pk=record.pk).values_list("steps", flat=True).get()
     return Claim(record=record, fence=fence, attempt=attempt, recovered=recovered)
 
 
