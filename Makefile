@@ -109,8 +109,8 @@ MATRIX_PATH := $(subst $(space),:,$(wildcard $(PYENV_ROOT)/versions/3.1[0-3].*/b
 TOX := PATH="$(MATRIX_PATH):$$PATH" $(BIN)/tox
 EDGE_LEGS := py310-django42-celery54,py313-django61-celery57
 # CI runs the edge legs after `make test` on the middle versions, so they skip what only costs time
-# there: the chaos suite and the browser tests (both run in `make test` and in `make matrix`).
-EDGE_PYTEST_ARGS ?= -m "not chaos and not browser"
+# there: the chaos suite, the explorer and the browser tests (all run in `make test` and in `make matrix`).
+EDGE_PYTEST_ARGS ?= -m "not chaos and not explorer and not browser"
 TOX_ARGS ?=
 
 .PHONY: matrix matrix-edges dist dist-check
@@ -131,3 +131,16 @@ dist: venv
 dist-check: dist
 	$(BIN)/twine check --strict dist/*
 	$(BIN)/python scripts/check_dist.py dist
+
+# The crash-and-fault explorer (docs/reliability.md): every fault at every boundary of one delivery
+# per task kind, on each database of EXPLORE_DATABASES. EXPLORE_CELL=<kind>:<boundary>:<fault> runs
+# one cell again; EXPLORE_MATRIX=slice runs the slice that make test runs (EXPLORE_SEED=N replays it).
+EXPLORE_DATABASES ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/test) mysql://root@localhost/test
+EXPLORE_MATRIX ?= full
+
+.PHONY: explore
+explore: venv
+	@NEED_POSTGRES=0 scripts/check_services.sh
+	set -e; for url in $(EXPLORE_DATABASES); do \
+	  DATABASE_URL=$$url EXPLORE_MATRIX=$(EXPLORE_MATRIX) $(BIN)/python -m pytest tests/explorer -k every_boundary $(PYTEST_ARGS); \
+	done

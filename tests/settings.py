@@ -129,7 +129,7 @@ if os.environ.get("IDEMPOTENT_TESTS_QUEUE_TYPE"):  # "quorum": RabbitMQ's replic
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_DB_REUSE_MAX = 1000
 # The chaos suite's workers consume only their own queue, never the shared test workers'.
-CELERY_TASK_ROUTES = {"chaos.*": {"queue": "chaos"}}
+CELERY_TASK_ROUTES = {"chaos.*": {"queue": "chaos"}, "explore.*": {"queue": "explore"}}
 
 LOGGING = {
     "version": 1,
