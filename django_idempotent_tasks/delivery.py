@@ -227,6 +227,12 @@ def call_body(body: Body, idempotency: Idempotency) -> Any:
     """Run the body, remembering what it raised: its database errors are its own, not a lost connection."""
     try:
         return body(idempotency)
+    except (OperationalError, InterfaceError) as exc:
+        # A deadlock or a timeout on a working connection is the body's; a dead connection is not:
+        # the delivery is sent again and the next holder takes the key over, recovered.
+        if store.connection_works():
+            _body_error.set(exc)
+        raise
     except BaseException as exc:
         _body_error.set(exc)
         raise

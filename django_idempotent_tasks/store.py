@@ -39,6 +39,18 @@ def records() -> Any:
     return IdempotencyRecord.objects.using(database())
 
 
+def connection_works() -> bool:
+    """Whether the records' connection survived the error it just raised."""
+    connection = connections[database()]
+    raw = connection.connection
+    if raw is None or connection.vendor == "sqlite":
+        return True
+    if connection.vendor == "postgresql":
+        # psycopg knows once a call failed on it; a probe query would fail in an aborted transaction.
+        return not (raw.closed or getattr(raw, "broken", False))
+    return bool(connection.is_usable())  # MySQL: a ping, harmless inside a transaction
+
+
 def lookup(scope: str, key: str) -> IdempotencyRecord | None:
     """The record of a scoped key (one indexed SELECT), or None."""
     # Every replay is this one query: raw SQL skips the ORM's per-call compilation (and first()'s
