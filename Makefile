@@ -3,47 +3,51 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: help venv test lint pytest demo system-deps
+# The edit-test loop: no worker processes, browser, demo or chaos suite.
+QUICK_MARKERS := not workers and not browser and not chaos
 
-help:
-	@echo "make demo    run the example project's demo of every cause of duplicate execution"
-	@echo "make test    lint, type-check and run the whole test suite (what CI runs)"
+.PHONY: help venv test quick lint pytest demo system-deps
 
-$(BIN)/activate: setup.cfg pyproject.toml | system-deps
+help:  ## list the targets
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(BIN)/activate: setup.cfg pyproject.toml requirements/test.txt requirements/dev.txt | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[metrics]" -r requirements/dev.txt
 	touch $(BIN)/activate
 
-venv: $(BIN)/activate
+venv: $(BIN)/activate  ## create .venv with the package and the dev tools (every target does it)
 
-# Chromium, libfaketime and the MariaDB client library from Debian, when missing.
-system-deps:
+system-deps:  ## install the Debian packages the targets need (as root), or print the command
 	@scripts/system_deps.sh
 
-lint: venv
+lint: venv  ## ruff, ruff format --check, mypy --strict, migrations in sync
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy django_idempotent_tasks tests
 	$(BIN)/python -m django makemigrations --check --dry-run --settings tests.settings --pythonpath .
 
-pytest: venv system-deps
+pytest: venv system-deps  ## the whole test suite with branch coverage >= 95 %
 	@scripts/check_services.sh
 	rm -f .coverage .coverage.*
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml $(BIN)/coverage run -m pytest $(PYTEST_ARGS)
 	$(BIN)/coverage combine --quiet
 	$(BIN)/coverage report --fail-under=95
 
-test: lint pytest
+test: lint pytest  ## lint, then the whole suite (what CI runs)
 
-demo: venv
+quick: venv  ## the fast loop: unit and database tests, no workers, browser, demo or chaos
+	@scripts/check_services.sh
+	$(BIN)/python -m pytest -q -m "$(QUICK_MARKERS)" $(PYTEST_ARGS)
+
+demo: venv  ## the example project's demo of every cause of duplicate execution
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	$(BIN)/python example_project/manage.py migrate --verbosity 0
 	$(BIN)/python example_project/manage.py demo
 
-# Not part of `make test`: purges 1,000,000 expired rows in its own database while another
-# process claims new keys, and prints rows/s and insert latencies. Takes a few minutes.
-purge-timing: venv
+
+purge-timing: venv  ## purge 1,000,000 expired rows while another process claims keys (minutes)
 	$(BIN)/python scripts/purge_timing.py
 
 .PHONY: screenshots
@@ -52,24 +56,21 @@ screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
 
 .PHONY: chaos soak
 
-# Tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run.
-chaos: venv
+chaos: venv  ## tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run
 	@scripts/check_services.sh
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
-# Tier 2: 10,000 deliveries, with restarts of a private PostgreSQL cluster on port 5434.
-soak: venv
+soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL on port 5434
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	scripts/soak.sh $(PYTEST_ARGS)
 
-# Benchmarks (not part of `make test`): the peers come from PyPI as the `bench` extra.
+# Benchmarks (not part of `make test`): the peers come from PyPI through requirements/bench.txt.
 # BENCH_ARGS scales them, e.g. BENCH_ARGS="--tasks 3000 --runs 5"; see BENCHMARKS.md.
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench:
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e ".[bench]"
+bench: venv  ## the benchmarks against the peers (see BENCHMARKS.md)
+	$(BIN)/pip install --quiet -r requirements/bench.txt
 	@scripts/check_services.sh
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
@@ -87,19 +88,19 @@ TOX_ARGS ?=
 
 .PHONY: matrix matrix-edges dist dist-check
 
-matrix: venv
+matrix: venv  ## every leg of the support matrix (tox.ini)
 	@scripts/check_services.sh
 	$(TOX) $(TOX_ARGS)
 
-matrix-edges: venv
+matrix-edges: venv  ## the oldest and the newest leg of the matrix
 	@scripts/check_services.sh
 	$(TOX) -e $(EDGE_LEGS) $(TOX_ARGS) -- $(EDGE_PYTEST_ARGS)
 
 # Packaging: an sdist and a wheel in dist/, then their checks (twine, contents, a clean install).
-dist: venv
+dist: venv  ## build the sdist and the wheel into dist/
 	rm -rf dist build
 	$(BIN)/python -m build --outdir dist .
 
-dist-check: dist
+dist-check: dist  ## twine, the wheel's contents and metadata, a clean-venv install
 	$(BIN)/twine check --strict dist/*
 	$(BIN)/python scripts/check_dist.py dist
