@@ -12,7 +12,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
-from django_idempotent_tasks import keys, signals, store
+from django_idempotent_tasks import keys, logs, signals, store
 from django_idempotent_tasks.exceptions import (
     AttemptsExhausted,
     IdempotencyKeyMismatch,
@@ -64,6 +64,7 @@ class LockUnavailable(Exception):
 
 def deliver(delivery: Delivery, body: Body, requeue: Callable[[], NoReturn]) -> Any:
     """Run ``body`` at most once concurrently per key and return the (stored) result."""
+    logs.begin(delivery)
     deadline: float | None = None
     pause = 0.05
     while True:
@@ -195,6 +196,7 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
         )
     idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes)
     heartbeat = Heartbeat(delivery.lock_ttl / 3, lambda: renew(delivery, claim, lock, heartbeat))
+    logs.follow(heartbeat)
     heartbeat.begin()
     try:
         if delivery.atomic:
