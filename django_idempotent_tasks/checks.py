@@ -22,6 +22,7 @@ def register() -> None:
     checks.register(check_lock_cache, TAG, checks.Tags.caches)
     checks.register(check_lock_eviction, TAG, checks.Tags.caches, deploy=True)
     checks.register(celery_checks.check_celery_app, TAG)
+    checks.register(celery_checks.check_purge_scheduled, TAG, deploy=True)
 
 
 def lock_cache() -> tuple[str, dict[str, Any]] | None:
