@@ -48,7 +48,7 @@ demo: venv  ## the example project's demo of every cause of duplicate execution
 
 
 purge-timing: venv  ## purge 1,000,000 expired rows while another process claims keys (minutes)
-	$(BIN)/python scripts/purge_timing.py
+	$(BIN)/python -m benchmarks.purge_timing
 
 .PHONY: screenshots
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
