@@ -41,10 +41,13 @@ quick: venv  ## the fast loop: unit and database tests, no workers, browser, dem
 	@scripts/check_services.sh
 	$(BIN)/python -m pytest -q -m "$(QUICK_MARKERS)" $(PYTEST_ARGS)
 
+# The demo's own database: SQLite next to manage.py, whatever DATABASE_URL the tests use.
+DEMO_DATABASE_URL ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
+
 demo: venv  ## the example project's demo of every cause of duplicate execution
 	@NEED_POSTGRES=0 scripts/check_services.sh
-	$(BIN)/python example_project/manage.py migrate --verbosity 0
-	$(BIN)/python example_project/manage.py demo
+	DATABASE_URL=$(DEMO_DATABASE_URL) $(BIN)/python example_project/manage.py migrate --verbosity 0
+	DATABASE_URL=$(DEMO_DATABASE_URL) $(BIN)/python example_project/manage.py demo
 
 
 purge-timing: venv  ## purge 1,000,000 expired rows while another process claims keys (minutes)
