@@ -111,6 +111,8 @@ def test_a_double_clicked_pay_button_makes_one_order_and_one_charge(shop: Shop) 
                 lambda request: posts.append(request.post_data or "") if request.method == "POST" else None,
             )
             page.goto(f"{shop.url}/")
+            # Chromium itself drops some second clicks while the first POST is under way, so the
+            # resent POST below is what makes sure the server sees the same attempt more than once.
             page.dblclick("button[type=submit]", delay=50)
             expect(page).to_have_url(f"{shop.url}/orders/1/", timeout=60_000)
             first_confirmation = page.locator("h1").inner_text()
@@ -124,7 +126,7 @@ def test_a_double_clicked_pay_button_makes_one_order_and_one_charge(shop: Shop) 
         finally:
             browser.close()
 
-    assert shop.posts() == 3, shop.server_log.read_text()
+    assert shop.posts() >= 2, shop.server_log.read_text()
     assert first_confirmation == "Order 1"
     charged = "SELECT COUNT(*) FROM django_idempotent_tasks_idempotencyrecord WHERE status = 'SUCCEEDED'"
     wait_for(lambda: count(shop.database, charged) == 2, SETTLE_TIMEOUT, "the charge and the e-mail")
