@@ -3,43 +3,51 @@ VENV := .venv
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: help venv test lint pytest demo system-deps
+# The edit-test loop: no worker processes, browser, demo or chaos suite.
+QUICK_MARKERS := not workers and not browser and not chaos
 
-help:
-	@echo "make demo    run the example project's demo of every cause of duplicate execution"
-	@echo "make test    lint, type-check and run the whole test suite (what CI runs)"
+.PHONY: help venv test quick lint pytest demo system-deps
 
-$(BIN)/activate: setup.cfg pyproject.toml | system-deps
+help:  ## list the targets
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(BIN)/activate: setup.cfg pyproject.toml requirements/test.txt requirements/dev.txt | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+	$(BIN)/pip install --quiet -e ".[metrics]" -r requirements/dev.txt
 	touch $(BIN)/activate
 
-venv: $(BIN)/activate
+venv: $(BIN)/activate  ## create .venv with the package and the dev tools (every target does it)
 
-# Chromium, libfaketime and the MariaDB client library from Debian, when missing.
-system-deps:
+system-deps:  ## install the Debian packages the targets need (as root), or print the command
 	@scripts/system_deps.sh
 
-lint: venv
+lint: venv  ## ruff, ruff format --check, mypy --strict, migrations in sync
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy django_idempotent_tasks tests
 	$(BIN)/python -m django makemigrations --check --dry-run --settings tests.settings --pythonpath .
 
-pytest: venv system-deps
+pytest: venv system-deps  ## the whole test suite with branch coverage >= 95 %
 	@scripts/check_services.sh
 	rm -f .coverage .coverage.*
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml $(BIN)/coverage run -m pytest $(PYTEST_ARGS)
 	$(BIN)/coverage combine --quiet
 	$(BIN)/coverage report --fail-under=95
 
-test: lint pytest
+test: lint pytest  ## lint, then the whole suite (what CI runs)
 
-demo: venv
+quick: venv  ## the fast loop: unit and database tests, no workers, browser, demo or chaos
+	@scripts/check_services.sh
+	$(BIN)/python -m pytest -q -m "$(QUICK_MARKERS)" $(PYTEST_ARGS)
+
+# The demo's own database: SQLite next to manage.py, whatever DATABASE_URL the tests use.
+DEMO_DATABASE_URL ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
+
+demo: venv  ## the example project's demo of every cause of duplicate execution
 	@NEED_POSTGRES=0 scripts/check_services.sh
-	$(BIN)/python example_project/manage.py migrate --verbosity 0
-	$(BIN)/python example_project/manage.py demo
+	DATABASE_URL=$(DEMO_DATABASE_URL) $(BIN)/python example_project/manage.py migrate --verbosity 0
+	DATABASE_URL=$(DEMO_DATABASE_URL) $(BIN)/python example_project/manage.py demo
 
 # The suite on the other backends (README, "Databases and brokers"); CI runs them after `make test`.
 # Each uses its own database or vhost, named by the URLs below, so they never touch `make test`'s.
@@ -48,31 +56,30 @@ SQLITE_URL ?= sqlite:////tmp/idempotent-tests.sqlite3
 RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/idempotent-tests
 
 .PHONY: test-backends test-mariadb test-sqlite test-rabbitmq
-test-backends: test-mariadb test-sqlite test-rabbitmq
+test-backends: test-mariadb test-sqlite test-rabbitmq  ## the suite on MariaDB and SQLite, the worker tests on RabbitMQ (CI)
 
-# Everything, chaos tier 1 included.
-test-mariadb: venv
+# Everything, chaos tier 1 included; the explorer's slice runs on PostgreSQL (make explore: both).
+test-mariadb: venv  ## the whole suite on MariaDB
 	@NEED_POSTGRES=0 scripts/check_services.sh
-	DATABASE_URL=$(MARIADB_URL) $(BIN)/python -m pytest --create-db $(PYTEST_ARGS)
+	DATABASE_URL=$(MARIADB_URL) $(BIN)/python -m pytest --create-db -m "not explorer" $(PYTEST_ARGS)
 
 # Everything but the chaos suite and the two pause tests marked row_locks (see the README on SQLite).
-test-sqlite: venv
+test-sqlite: venv  ## the suite on SQLite (no chaos, no row_locks tests)
 	@NEED_POSTGRES=0 scripts/check_services.sh
-	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest --create-db -m "not chaos and not row_locks" $(PYTEST_ARGS)
+	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest --create-db -m "not chaos and not row_locks and not explorer" $(PYTEST_ARGS)
 
 # The real-worker tests with RabbitMQ as the broker (records on PostgreSQL), on classic queues and
 # then on quorum queues (countdowns then use Celery's native delayed delivery); the test setup
 # creates and deletes the vhost. The demo and the chaos suite read Redis queues: they stay on Redis.
 RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos" --ignore=tests/test_demo.py
-test-rabbitmq: venv
+test-rabbitmq: venv  ## the real-worker tests with RabbitMQ as the broker
 	@scripts/check_services.sh
 	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
 	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) IDEMPOTENT_TESTS_QUEUE_TYPE=quorum $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
 
-# Not part of `make test`: purges 1,000,000 expired rows in its own database while another
-# process claims new keys, and prints rows/s and insert latencies. Takes a few minutes.
-purge-timing: venv
-	$(BIN)/python scripts/purge_timing.py
+
+purge-timing: venv  ## purge 1,000,000 expired rows while another process claims keys (minutes)
+	$(BIN)/python -m benchmarks.purge_timing
 
 .PHONY: screenshots
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
@@ -80,24 +87,21 @@ screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
 
 .PHONY: chaos soak
 
-# Tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run.
-chaos: venv
+chaos: venv  ## tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run
 	@scripts/check_services.sh
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
-# Tier 2: 10,000 deliveries, with restarts of a private PostgreSQL cluster on port 5434.
-soak: venv
+soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL on port 5434
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	scripts/soak.sh $(PYTEST_ARGS)
 
-# Benchmarks (not part of `make test`): the peers come from PyPI as the `bench` extra.
+# Benchmarks (not part of `make test`): the peers come from PyPI through requirements/bench.txt.
 # BENCH_ARGS scales them, e.g. BENCH_ARGS="--tasks 3000 --runs 5"; see BENCHMARKS.md.
 BENCH_ARGS ?=
 
 .PHONY: bench
-bench:
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e ".[bench]"
+bench: venv  ## the benchmarks against the peers (see BENCHMARKS.md)
+	$(BIN)/pip install --quiet -r requirements/bench.txt
 	@scripts/check_services.sh
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
@@ -115,20 +119,20 @@ TOX_ARGS ?=
 
 .PHONY: matrix matrix-edges dist dist-check
 
-matrix: venv
+matrix: venv  ## every leg of the support matrix (tox.ini)
 	@scripts/check_services.sh
 	$(TOX) $(TOX_ARGS)
 
-matrix-edges: venv
+matrix-edges: venv  ## the oldest and the newest leg of the matrix
 	@scripts/check_services.sh
 	$(TOX) -e $(EDGE_LEGS) $(TOX_ARGS) -- $(EDGE_PYTEST_ARGS)
 
 # Packaging: an sdist and a wheel in dist/, then their checks (twine, contents, a clean install).
-dist: venv
+dist: venv  ## build the sdist and the wheel into dist/
 	rm -rf dist build
 	$(BIN)/python -m build --outdir dist .
 
-dist-check: dist
+dist-check: dist  ## twine, the wheel's contents and metadata, a clean-venv install
 	$(BIN)/twine check --strict dist/*
 	$(BIN)/python scripts/check_dist.py dist
 
@@ -139,7 +143,7 @@ EXPLORE_DATABASES ?= $(or $(DATABASE_URL),postgres://postgres@127.0.0.1:5432/tes
 EXPLORE_MATRIX ?= full
 
 .PHONY: explore
-explore: venv
+explore: venv  ## the full crash-and-fault explorer on PostgreSQL and MariaDB (~25 min each)
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	set -e; for url in $(EXPLORE_DATABASES); do \
 	  DATABASE_URL=$$url EXPLORE_MATRIX=$(EXPLORE_MATRIX) $(BIN)/python -m pytest tests/explorer -k every_boundary $(PYTEST_ARGS); \

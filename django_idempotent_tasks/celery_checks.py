@@ -6,7 +6,9 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from celery import _state
+from django.apps import apps as django_apps
 from django.core import checks
+from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
 from django_idempotent_tasks.checks import PREFIX, lock_cache
@@ -205,3 +207,39 @@ def _shared_redis(app: Any) -> list[checks.CheckMessage]:
             id=f"{PREFIX}.W006",
         )
     ]
+
+
+PURGE_TASK = "django_idempotent_tasks.purge_expired_records"
+
+
+def check_purge_scheduled(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W009 (deploy): a celery beat schedule runs purge_expired_records, or expired records pile up."""
+    app = find_app()
+    if app is None:
+        return []
+    scheduled = {entry.get("task") for entry in (app.conf.beat_schedule or {}).values()}
+    if PURGE_TASK in scheduled or _in_beat_database():
+        return []
+    return [
+        checks.Warning(
+            f"No celery beat schedule entry runs {PURGE_TASK!r}: expired idempotency records are never "
+            "deleted and the table grows without bound.",
+            hint=f'Add an entry with "task": {PURGE_TASK!r} to beat_schedule (CELERY_BEAT_SCHEDULE), or a '
+            "periodic task in django-celery-beat, or run purge_idempotency_records from cron and silence "
+            f"{PREFIX}.W009.",
+            id=f"{PREFIX}.W009",
+        )
+    ]
+
+
+def _in_beat_database() -> bool:
+    """Whether django-celery-beat's database scheduler (if installed) has the purge enabled."""
+    if not django_apps.is_installed("django_celery_beat"):
+        return False
+    # Looked up by name: django-celery-beat is optional, never a dependency.
+    model = "django_celery_beat.PeriodicTask"  # a variable, so that django-stubs does not resolve it
+    periodic_task: Any = django_apps.get_model(model)
+    try:
+        return bool(periodic_task.objects.filter(task=PURGE_TASK, enabled=True).exists())
+    except DatabaseError:  # not migrated yet: nothing is scheduled there
+        return False

@@ -26,6 +26,7 @@ def register() -> None:
     checks.register(celery_checks.check_celery_app, TAG)
     checks.register(check_record_databases, TAG, checks.Tags.database)
     checks.register(check_key_collation, TAG, checks.Tags.database)
+    checks.register(celery_checks.check_purge_scheduled, TAG, deploy=True)
 
 
 def lock_cache() -> tuple[str, dict[str, Any]] | None:

@@ -14,7 +14,7 @@ from typing import Any, NoReturn
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
-from django_idempotent_tasks import keys, signals, store
+from django_idempotent_tasks import keys, logs, signals, store
 from django_idempotent_tasks.exceptions import (
     AttemptsExhausted,
     IdempotencyKeyMismatch,
@@ -69,6 +69,7 @@ class LockUnavailable(Exception):
 
 def deliver(delivery: Delivery, body: Body, requeue: Callable[[], NoReturn]) -> Any:
     """Run ``body`` at most once concurrently per key and return the (stored) result."""
+    logs.begin(delivery)
     deadline: float | None = None
     pause = 0.05
     while True:
@@ -203,6 +204,7 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
     heartbeat = Heartbeat(delivery.lock_ttl / 3, lambda: renew(delivery, claim, lock, heartbeat))
     heartbeat.lease_until = time.monotonic() + delivery.lock_ttl
     idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes, heartbeat.lost)
+    logs.follow(heartbeat)
     heartbeat.begin()
     token = running.set(idempotency)
     try:

@@ -6,6 +6,7 @@ Usage: python scripts/check_dist.py dist/
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tarfile
@@ -18,6 +19,26 @@ PACKAGE = "django_idempotent_tasks"
 # Files of the package that are not Python modules but must ship (templates, translations, markers).
 DATA_SUFFIXES = {".html", ".txt", ".css", ".js", ".po", ".mo", ".json", ".typed"}
 NOT_SHIPPED = ("tests/", "example_project/", "scripts/", "docs/")
+# Tools of our own test, lint and benchmark runs (requirements/): never a published dependency.
+DEV_TOOLS = {
+    "pytest",
+    "pytest-django",
+    "pytest-timeout",
+    "coverage",
+    "ruff",
+    "mypy",
+    "django-stubs",
+    "celery-types",
+    "playwright",
+    "tox",
+    "build",
+    "twine",
+    "psycopg",
+    "mysqlclient",
+    "celery-once",
+    "celery-singleton",
+}
+PUBLISHED_EXTRAS = {"metrics"}
 
 
 def package_files() -> set[str]:
@@ -43,6 +64,21 @@ def check_wheel(wheel: Path) -> None:
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert f"[pytest11]\n{PACKAGE} = {PACKAGE}.pytest_plugin" in text, text
     print(f"{wheel.name}: {len(names)} files, package data and entry point present, no tests.")
+
+
+def check_metadata(wheel: Path) -> None:
+    """The wheel's dependencies and extras are the users' only: no dev tool leaks into them."""
+    archive = zipfile.ZipFile(wheel)
+    [metadata] = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+    lines = archive.read(metadata).decode().splitlines()
+    requires = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
+    extras = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra:")}
+    names = {re.split(r"[\s\[<>=!~;(]", req, maxsplit=1)[0].lower().replace("_", "-") for req in requires}
+    leaked = sorted(names & DEV_TOOLS)
+    assert not leaked, f"{wheel.name} declares dev tools as dependencies: {leaked}"
+    assert extras == PUBLISHED_EXTRAS, f"{wheel.name} publishes extras {sorted(extras)}"
+    assert any(line.startswith("Project-URL: Source, https://") for line in lines), "no link to the source"
+    print(f"{wheel.name}: requires {sorted(names)}, extras {sorted(extras)}, no dev tools.")
 
 
 def check_sdist(sdist: Path) -> None:
@@ -75,6 +111,7 @@ def main(dist: str) -> None:
     sdists = sorted(Path(dist).glob("*.tar.gz"))
     assert len(wheels) == 1 and len(sdists) == 1, f"expected one wheel and one sdist in {dist}"
     check_wheel(wheels[0])
+    check_metadata(wheels[0])
     check_sdist(sdists[0])
     check_install(wheels[0])
 

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Install the Debian packages the test suite needs when they are missing: Chromium (browser tests),
+# Install the Debian packages the make targets need when they are missing: venv support for the
+# system Python, the Redis and PostgreSQL clients (service checks), Chromium (browser tests),
 # libfaketime (skewed worker clocks), the MariaDB client library and pkg-config (mysqlclient).
 # As root it runs apt-get; otherwise it prints the exact command and fails.
 set -euo pipefail
 missing=()
+python3 -c "import ensurepip, venv" 2>/dev/null || missing+=(python3-venv)
+command -v redis-cli >/dev/null || missing+=(redis-tools)
+command -v pg_isready >/dev/null || missing+=(postgresql-client)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || missing+=(faketime)
 pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mariadb 2>/dev/null || missing+=(libmariadb-dev)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
+command -v cc >/dev/null || missing+=(gcc)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
-  echo "The test suite needs these Debian packages: ${missing[*]}" >&2
+  echo "make needs these Debian packages: ${missing[*]}" >&2
   echo "  Install them: sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
   exit 1
 fi

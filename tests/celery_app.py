@@ -13,3 +13,7 @@ django.setup()
 app = Celery("tests")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["tests.testapp", "django_idempotent_tasks"])
+# As a project should (check --deploy warns otherwise): beat purges the expired records hourly.
+app.conf.beat_schedule = {
+    "purge-idempotency-records": {"task": "django_idempotent_tasks.purge_expired_records", "schedule": 3600}
+}

@@ -11,3 +11,4 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "example_project.settings")
 app = Celery("example_project")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
+app.autodiscover_tasks(["shop.demo"])  # the demo's plain task, kept apart from the shop's

@@ -6,6 +6,9 @@ from django.db import models
 
 
 class Order(models.Model):
+    # One per checkout attempt, made when the form is rendered: a double submit, a browser retry or
+    # a reloaded POST sends the same one and finds this order instead of creating another.
+    checkout_key = models.CharField(max_length=64, unique=True, null=True, blank=True)
     customer_email = models.EmailField()
     amount_cents = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)

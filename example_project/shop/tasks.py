@@ -1,4 +1,4 @@
-"""Two versions of the same charge task, and the confirmation e-mail of an order."""
+"""The shop's idempotent tasks: the charge of an order and its confirmation e-mail."""
 
 from __future__ import annotations
 
@@ -12,23 +12,6 @@ from shop import gateway
 from shop.models import Order
 
 
-# Results are ignored, as usual for tasks whose effect is their result: a worker lost after the task
-# returned then redelivers it (with a stored SUCCESS, Celery would ack it instead).
-@shared_task(
-    bind=True,
-    autoretry_for=(gateway.GatewayTimeout,),
-    max_retries=3,
-    default_retry_delay=0,
-    ignore_result=True,
-)
-def charge_customer(self: Any, order_id: int) -> str:
-    """The usual task: every delivery charges again."""
-    order = Order.objects.get(pk=order_id)
-    charge_id = gateway.charge(order.pk, order.amount_cents)
-    gateway.confirm(charge_id)
-    return charge_id
-
-
 @shared_task(
     base=IdempotentTask,
     bind=True,
@@ -38,7 +21,7 @@ def charge_customer(self: Any, order_id: int) -> str:
     ignore_result=True,
 )
 def charge_customer_idempotent(self: Any, order_id: int) -> str:
-    """The same task made idempotent: one charge per key, whatever the deliveries."""
+    """Charge an order once per key, whatever the deliveries."""
     order = Order.objects.get(pk=order_id)
     # A retry after a timed-out confirmation finds the charge checkpointed and skips it. The
     # subkey lets the gateway absorb the one case a checkpoint cannot: a crash inside the step.

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
@@ -30,10 +33,53 @@ class Command(BaseCommand):
             help="The scope of the key (the task name unless the task sets idempotency_scope). "
             "Default: every scope holding the key.",
         )
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            dest="as_json",
+            help="Print one JSON object instead of text, for scripts and monitoring. Default: text.",
+        )
 
-    def handle(self, *, key: str | None, scope: str | None, **extra: Any) -> None:
+    def handle(self, *, key: str | None, scope: str | None, as_json: bool = False, **extra: Any) -> None:
+        if as_json:
+            data = self._overview_data() if key is None else self._key_data(key, scope)
+            self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
+            return
         lines = self._overview() if key is None else self._key(key, scope)
         self.stdout.write("\n".join(lines))
+
+    def _overview_data(self) -> dict[str, Any]:
+        rows = (
+            store.records().values_list("task_name", "status").annotate(n=Count("pk")).order_by("task_name")
+        )
+        by_task: dict[str, dict[str, int]] = {}
+        for task_name, status, n in rows:
+            by_task.setdefault(task_name, dict.fromkeys(STATUSES, 0))[status] = n
+        by_status = {status: sum(counts[status] for counts in by_task.values()) for status in STATUSES}
+        expired = store.records().expired().aggregate(n=Count("pk"), oldest=Min("expires_at"))
+        return {
+            "records": sum(by_status.values()),
+            "by_status": by_status,
+            "by_task": by_task,
+            "stuck": store.records().stuck().count(),
+            "expired": expired["n"],
+            "oldest_expired_at": _iso(expired["oldest"]),
+        }
+
+    def _key_data(self, key: str, scope: str | None) -> dict[str, Any]:
+        record = key_state.find_record(key, scope)
+        if record is None:
+            lock = None if scope is None else _lock(key_state.lock_state(scope, key))
+            return {"scope": scope, "key": key, "record": None, "lock": lock}
+        fields = {
+            name: getattr(record, name)
+            for name in ("task_name", "status", "attempts", "fence", "task_id", "worker")
+        }
+        times = ("created_at", "started_at", "completed_at", "expires_at", "lease_expires_at")
+        fields.update({name: _iso(getattr(record, name)) for name in times})
+        fields.update(result=record.result, error=record.error, steps=sorted(record.steps or ()))
+        lock = _lock(key_state.lock_state(record.scope, record.key))
+        return {"scope": record.scope, "key": record.key, "record": fields, "lock": lock}
 
     def _overview(self) -> list[str]:
         rows = (
@@ -89,3 +135,16 @@ class Command(BaseCommand):
         if not record.error:
             return "-"
         return f"{record.error.get('type', '?')}: {record.error.get('message', '')}"
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.astimezone(dt_timezone.utc).isoformat()
+
+
+def _lock(state: key_state.LockState) -> dict[str, Any]:
+    return {
+        "held": state.token is not None,
+        "token": state.token,
+        "ttl_ms": state.ttl_ms,
+        "error": state.error,
+    }

@@ -18,7 +18,7 @@ from django_redis import get_redis_connection
 from django_idempotent_tasks.signals import task_replayed
 from shop.models import Delivery
 
-DEMO_TASKS = ("shop.tasks.charge_customer", "shop.tasks.charge_customer_idempotent")
+DEMO_TASKS = ("shop.demo.tasks.charge_customer", "shop.tasks.charge_customer_idempotent")
 KILL, CUT = "kill", "cut"
 _open: dict[str, tuple[int, int | None]] = {}  # task id -> (Delivery pk, order id), in this process
 _replayed: set[str] = set()

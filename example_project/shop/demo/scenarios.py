@@ -12,8 +12,9 @@ from django.db.models import Sum
 
 from shop import gateway
 from shop.demo import broker, hooks
+from shop.demo.tasks import charge_customer
 from shop.models import Charge, Delivery, Order
-from shop.tasks import charge_customer, charge_customer_idempotent
+from shop.tasks import charge_customer_idempotent
 
 QUEUE = "demo"
 BURST = 20

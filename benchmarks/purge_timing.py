@@ -1,6 +1,6 @@
 """Time a purge of expired records on PostgreSQL while another process keeps claiming new keys.
 
-Usage: DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres python scripts/purge_timing.py
+Usage: DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres python -m benchmarks.purge_timing
     [--rows 1000000] [--batch-size 1000] [--database idem_purge_timing]
 
 It (re)creates its own database on the server of DATABASE_URL, fills it with ``--rows`` expired

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Time the records admin on a large table against a stock ModelAdmin (a throwaway database; not in make test).
 
-    REDIS_URL=redis://127.0.0.1:6379 .venv/bin/python scripts/admin_timing.py \
+    REDIS_URL=redis://127.0.0.1:6379 .venv/bin/python -m benchmarks.admin_timing \
         --database-url postgres://postgres@127.0.0.1:5432/idem_admin_timing --rows 1000000
 """
 

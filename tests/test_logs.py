@@ -1,0 +1,105 @@
+"""Every log record of the package carries the delivery's task id, scope, key hash, fence, attempt, outcome."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_idempotent_tasks import logs
+from django_idempotent_tasks.models import IdempotencyRecord
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+FORMAT = (
+    "%(levelname)s %(task_id)s %(idempotency_scope)s %(idempotency_key_hash)s %(idempotency_fence)s "
+    "%(idempotency_attempt)s %(idempotency_outcome)s | %(message)s"
+)
+SCOPE = "tests.testapp.tasks.failing"
+
+
+@pytest.fixture
+def lines() -> Iterator[Callable[[], list[str]]]:
+    """The formatted lines a real handler on the package's logger wrote during the test."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter(FORMAT))
+    logger = logging.getLogger("django_idempotent_tasks")
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield lambda: stream.getvalue().splitlines()
+    logger.removeHandler(handler)
+    logger.setLevel(level)
+
+
+def test_the_key_is_hashed_not_written() -> None:
+    assert logs.key_hash("order-charge-42") == hashlib.sha256(b"order-charge-42").hexdigest()[:16]
+    assert len(logs.key_hash("order-charge-42")) == 16
+    assert logs.key_hash("order-charge-42") != logs.key_hash("order-charge-43")
+
+
+def test_each_line_of_a_delivery_carries_its_context(lines: Callable[[], list[str]]) -> None:
+    key = "logged-key"
+    digest = logs.key_hash(key)
+    tasks.failing.apply((1,), {"idempotency_key": key}, task_id="task-1")  # attempt 1 fails
+    tasks.failing.apply((1,), {"idempotency_key": key}, task_id="task-2")  # attempt 2 succeeds, silently
+    tasks.failing.apply((1,), {"idempotency_key": key}, task_id="task-3")  # replays
+    tasks.failing.apply((2,), {"idempotency_key": key}, task_id="task-4")  # other arguments: mismatch
+    logging.getLogger("django_idempotent_tasks").info("between deliveries")
+
+    assert lines() == [
+        f"INFO task-1 {SCOPE} {digest} 1 1 claimed | {SCOPE}[{key}] failed with "
+        "RuntimeError('attempt 1 fails'); the next delivery may run it again.",
+        f"INFO task-3 {SCOPE} {digest} None None started | {SCOPE}[{key}] already succeeded; "
+        "replaying the stored result.",
+        f"ERROR task-4 {SCOPE} {digest} None None started | {SCOPE}[{key}] was sent again with "
+        "different arguments; not executed.",
+        "INFO None None None None None None | between deliveries",
+    ]
+
+
+def test_a_conflict_line_carries_the_conflict_outcome(lines: Callable[[], list[str]]) -> None:
+    tasks.raising_conflict.apply((0,), {"idempotency_key": "held"}, task_id="first")
+    # The record is made IN_PROGRESS with a live lease, as a running holder leaves it.
+    IdempotencyRecord.objects.filter(key="held").update(
+        status="IN_PROGRESS", lease_expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    tasks.raising_conflict.apply((0,), {"idempotency_key": "held"}, task_id="second")
+    scope = "tests.testapp.tasks.raising_conflict"
+    assert lines() == [
+        f"INFO second {scope} {logs.key_hash('held')} None None conflict | {scope}[held] is held by "
+        "another delivery; on_conflict=raise."
+    ]
+
+
+def test_a_heartbeat_thread_logs_under_its_delivery_context(lines: Callable[[], list[str]]) -> None:
+    token = logs.current.set(logs.LogContext("task-9", "scope-9", "hash-9", fence=3, attempt=2))
+    try:
+        heartbeat = threading.Thread(
+            target=lambda: logging.getLogger("django_idempotent_tasks").warning("renewal failed")
+        )
+        logs.follow(heartbeat)
+        heartbeat.start()
+        heartbeat.join()
+    finally:
+        logs.current.reset(token)
+    assert lines() == ["WARNING task-9 scope-9 hash-9 3 2 started | renewal failed"]
+
+
+def test_installing_twice_adds_one_filter() -> None:
+    logs.install()
+    logger = logging.getLogger("django_idempotent_tasks")
+    assert sum(isinstance(f, logs.ContextFilter) for f in logger.filters) == 1
+
+
+def test_fields_given_by_the_caller_are_kept(lines: Callable[[], list[str]]) -> None:
+    logging.getLogger("django_idempotent_tasks").info("explicit", extra={"task_id": "mine"})
+    assert lines() == ["INFO mine None None None None None | explicit"]

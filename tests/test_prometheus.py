@@ -1,0 +1,91 @@
+"""The Prometheus recipe: real deliveries move the counters of django_idempotent_tasks.contrib.prometheus."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.db.models import F
+from django.utils import timezone
+from prometheus_client import CollectorRegistry, generate_latest
+
+from django_idempotent_tasks.contrib import prometheus
+from django_idempotent_tasks.models import IdempotencyRecord
+from tests.testapp import tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+BODY_SLEEP = 1.0  # seconds the body sleeps while another "delivery" takes its lease over
+
+
+@pytest.fixture
+def registry() -> Iterator[CollectorRegistry]:
+    registry = CollectorRegistry()
+    prometheus.connect(registry)
+    yield registry
+    prometheus.disconnect(registry)
+
+
+def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(f"idempotent_tasks_{name}_total", labels) or 0.0
+
+
+def run(task: Any, *args: Any, key: str) -> Any:
+    return task.apply(args, {"idempotency_key": key})
+
+
+def test_replays_and_conflicts_are_counted(registry: CollectorRegistry) -> None:
+    name = tasks.raising_conflict.name
+    run(tasks.raising_conflict, 0, key="m-1")
+    run(tasks.raising_conflict, 0, key="m-1")
+    run(tasks.raising_conflict, 0, key="m-1")
+    IdempotencyRecord.objects.filter(key="m-1").update(
+        status="IN_PROGRESS", lease_expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    run(tasks.raising_conflict, 0, key="m-1")
+    assert value(registry, "replays", task=name) == 2
+    assert value(registry, "conflicts", task=name, action="raise") == 1
+    assert "idempotent_tasks_replays_total" in generate_latest(registry).decode()
+
+
+def test_takeovers_unstorable_results_and_exhausted_keys_are_counted(registry: CollectorRegistry) -> None:
+    run(tasks.record_effect, 1, key="m-2")
+    IdempotencyRecord.objects.filter(key="m-2").update(
+        status="IN_PROGRESS", lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    run(tasks.record_effect, 1, key="m-2")  # the holder died: this delivery takes over
+    run(tasks.unstorable, "object", key="m-3")
+    for _ in range(4):  # max_attempts=3: the fourth delivery finds the key failed for good
+        run(tasks.failing, 10, key="m-4")
+    assert value(registry, "takeovers", task=tasks.record_effect.name) == 1
+    assert value(registry, "unstorable_results", task=tasks.unstorable.name) == 1
+    assert value(registry, "attempts_exhausted", task=tasks.failing.name) == 1
+
+
+def test_a_lost_lease_is_counted(registry: CollectorRegistry) -> None:
+    def take_over() -> None:
+        # Another delivery takes the lease over and finishes while the body sleeps.
+        time.sleep(BODY_SLEEP / 2)
+        IdempotencyRecord.objects.filter(key="m-5").update(fence=F("fence") + 1, status="SUCCEEDED")
+        connection.close()
+
+    thief = threading.Thread(target=take_over)
+    thief.start()
+    run(tasks.record_effect, 1, BODY_SLEEP, key="m-5")
+    thief.join()
+    assert value(registry, "lost_leases", task=tasks.record_effect.name) == 1
+
+
+def test_connect_is_idempotent_and_disconnect_stops_counting(registry: CollectorRegistry) -> None:
+    assert prometheus.connect(registry) is prometheus.connect(registry)
+    prometheus.disconnect(registry)
+    run(tasks.raising_conflict, 0, key="m-6")
+    run(tasks.raising_conflict, 0, key="m-6")
+    assert value(registry, "replays", task=tasks.raising_conflict.name) == 0
+    prometheus.connect(registry)
+    run(tasks.raising_conflict, 0, key="m-6")
+    assert value(registry, "replays", task=tasks.raising_conflict.name) == 1

@@ -1,0 +1,107 @@
+"""idempotency_status --json: the exact objects it prints."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from django_idempotent_tasks import keys
+from django_idempotent_tasks.locks import RedisLock, lock_client
+from tests import records
+
+pytestmark = pytest.mark.django_db
+LOCK_SECONDS = 600
+
+
+def run(*args: str) -> str:
+    out = StringIO()
+    call_command("idempotency_status", *args, "--json", stdout=out)
+    return out.getvalue()
+
+
+def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
+    records.expired("a", task_name="t1")
+    records.make("b", "FAILED", task_name="t1")
+    records.stuck("d", task_name="t2")
+    with django_assert_num_queries(3):
+        output = run()
+    assert output == (
+        "{\n"
+        '  "records": 3,\n'
+        '  "by_status": {\n    "IN_PROGRESS": 1,\n    "SUCCEEDED": 1,\n    "FAILED": 1\n  },\n'
+        '  "by_task": {\n'
+        '    "t1": {\n      "IN_PROGRESS": 0,\n      "SUCCEEDED": 1,\n      "FAILED": 1\n    },\n'
+        '    "t2": {\n      "IN_PROGRESS": 1,\n      "SUCCEEDED": 0,\n      "FAILED": 0\n    }\n'
+        "  },\n"
+        '  "stuck": 1,\n'
+        '  "expired": 1,\n'
+        '  "oldest_expired_at": "2020-01-01T00:00:00+00:00"\n'
+        "}\n"
+    )
+
+
+def test_no_records_as_json() -> None:
+    assert json.loads(run()) == {
+        "records": 0,
+        "by_status": {"IN_PROGRESS": 0, "SUCCEEDED": 0, "FAILED": 0},
+        "by_task": {},
+        "stuck": 0,
+        "expired": 0,
+        "oldest_expired_at": None,
+    }
+
+
+def test_one_key_as_json_with_its_lock() -> None:
+    lock = RedisLock(lock_client(), keys.lock_name("s", "order-1"), LOCK_SECONDS)
+    assert lock.acquire()
+    try:
+        records.live(
+            "order-1",
+            attempts=2,
+            fence=3,
+            task_id="tid-1",
+            created_at=records.PAST,
+            started_at=records.PAST,
+            expires_at=records.FUTURE,
+            steps={"email": None, "charge": "ch_1"},
+            error={"type": "RuntimeError", "message": "boom", "traceback": "..."},
+        )
+        data = json.loads(run("order-1"))
+    finally:
+        lock.release()
+    assert data["lock"]["ttl_ms"] in range((LOCK_SECONDS - 5) * 1000, LOCK_SECONDS * 1000 + 1)
+    assert data == {
+        "scope": "s",
+        "key": "order-1",
+        "record": {
+            "task_name": "tests.task",
+            "status": "IN_PROGRESS",
+            "attempts": 2,
+            "fence": 3,
+            "task_id": "tid-1",
+            "worker": "host:1",
+            "created_at": "2020-01-01T00:00:00+00:00",
+            "started_at": "2020-01-01T00:00:00+00:00",
+            "completed_at": None,
+            "expires_at": "2999-01-01T00:00:00+00:00",
+            "lease_expires_at": "2999-01-01T00:00:00+00:00",
+            "result": None,
+            "error": {"type": "RuntimeError", "message": "boom", "traceback": "..."},
+            "steps": ["charge", "email"],
+        },
+        "lock": {"held": True, "token": lock.token, "ttl_ms": data["lock"]["ttl_ms"], "error": None},
+    }
+
+
+def test_a_missing_key_as_json() -> None:
+    assert json.loads(run("nope")) == {"scope": None, "key": "nope", "record": None, "lock": None}
+    assert json.loads(run("nope", "--scope", "s")) == {
+        "scope": "s",
+        "key": "nope",
+        "record": None,
+        "lock": {"held": False, "token": None, "ttl_ms": None, "error": None},
+    }
