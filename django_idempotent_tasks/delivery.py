@@ -227,12 +227,13 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
 
 def call_body(body: Body, idempotency: Idempotency) -> Any:
     """Run the body, remembering what it raised: its database errors are its own, not a lost connection."""
+    connection = store.raw_connection()
     try:
         return body(idempotency)
     except (OperationalError, InterfaceError) as exc:
         # A deadlock or a timeout on a working connection is the body's; a dead connection is not:
         # the delivery is sent again and the next holder takes the key over, recovered.
-        if store.connection_works():
+        if store.connection_works(since=connection):
             _body_error.set(exc)
         raise
     except BaseException as exc:

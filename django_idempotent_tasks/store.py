@@ -39,12 +39,19 @@ def records() -> Any:
     return IdempotencyRecord.objects.using(database())
 
 
-def connection_works() -> bool:
-    """Whether the records' connection survived the error it just raised."""
+def raw_connection() -> Any:
+    """The driver connection under the records' database alias (None when closed)."""
+    return connections[database()].connection
+
+
+def connection_works(since: Any) -> bool:
+    """Whether the records' connection ``since`` is still the one in use, and still works."""
     connection = connections[database()]
-    raw = connection.connection
-    if raw is None or connection.vendor == "sqlite":
+    if connection.vendor == "sqlite":
         return True
+    raw = connection.connection
+    if raw is None or (since is not None and raw is not since):
+        return False  # dropped (Django closes a connection whose rollback failed) or replaced
     if connection.vendor == "postgresql":
         # psycopg knows once a call failed on it; a probe query would fail in an aborted transaction.
         return not (raw.closed or getattr(raw, "broken", False))
