@@ -46,3 +46,12 @@ def other_backends() -> list[int]:
     with connection.cursor() as cursor:
         cursor.execute(_SQL[connection.vendor][2])
         return [int(row[0]) for row in cursor.fetchall()]
+
+
+def cut_when_idle() -> None:
+    """Make the server drop this session after 1 s idle (P7: a pooler's timeout, a failover)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SET idle_session_timeout = '1s'")
+        elif connection.vendor == "mysql":
+            cursor.execute("SET SESSION wait_timeout = 1")

@@ -29,7 +29,7 @@ def skewed(ctx: Context, fault: Fault, holder: str, duplicate: str) -> None:
 def connection_cut(ctx: Context, fault: Fault) -> None:
     """P7: the server cuts the body's idle connection; the completion reconnects."""
     ctx.send(chaos_cut, fault.key, (int(fault.key.rsplit("-", 1)[1]),))
-    ctx.done("connection_cut", f"{fault.key}: idle_session_timeout 1 s, body sleeps 3 s")
+    ctx.done("connection_cut", f"{fault.key}: the server drops its idle session after 1 s, body sleeps 3 s")
 
 
 def refused_value(ctx: Context, fault: Fault) -> None:

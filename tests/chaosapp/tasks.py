@@ -8,9 +8,9 @@ from typing import Any
 
 from celery import shared_task
 from celery.signals import task_postrun, task_received
-from django.db import connection
 
 from django_idempotent_tasks.tasks import IdempotentTask
+from tests import db_sessions
 from tests.chaosapp import control
 from tests.chaosapp.models import ChaosEffect
 
@@ -55,8 +55,7 @@ def task_for(key: str) -> Any:
 @shared_task(base=IdempotentTask, bind=True, name="chaos.cut", lock_ttl=LEASE)
 def chaos_cut(self: Any, value: int) -> dict[str, Any]:
     """P7: the server cuts this body's idle connection while it sleeps; the completion reconnects."""
-    with connection.cursor() as cursor:
-        cursor.execute("SET idle_session_timeout = '1s'")
+    db_sessions.cut_when_idle()
     return run_body(self, value, sleep=3, database=False)
 
 

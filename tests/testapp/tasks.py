@@ -12,12 +12,13 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
 from celery.signals import before_task_publish, task_postrun
-from django.db import OperationalError, connection, transaction
+from django.db import OperationalError, transaction
 from django.dispatch import receiver
 
 from django_idempotent_tasks import signals
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import CONFLICTS_HEADER, IdempotentTask
+from tests import db_sessions
 from tests.testapp.faults import control, reached
 from tests.testapp.models import Effect
 
@@ -234,19 +235,10 @@ def fails_for_good(self: Any, value: int) -> None:
     raise RuntimeError(f"failed with {value}")
 
 
-def cut_connection_when_idle() -> None:
-    """Make the server drop this connection after 1 s idle (P7: pooler timeout, failover)."""
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute("SET idle_session_timeout = '1s'")
-        elif connection.vendor == "mysql":
-            cursor.execute("SET SESSION wait_timeout = 1")
-
-
 @shared_task(base=IdempotentTask, bind=True, ignore_result=True)
 def outlives_its_connection(self: Any, sleep: float) -> dict[str, Any]:
     """tests/test_connection_loss.py: the body's connection is cut while it sleeps."""
-    cut_connection_when_idle()
+    db_sessions.cut_when_idle()
     control().incr(f"calls:{self.idempotency.key}")
     time.sleep(sleep)
     return {"fence": self.idempotency.fence}
