@@ -44,7 +44,9 @@ class Metrics:
         self.exhausted.labels(task=sender.name).inc()
 
 
-_created: dict[int, Metrics] = {}  # a registry refuses a second counter of one name
+# A registry refuses a second counter of one name. Each entry keeps its registry alive, so the
+# id() keys (here and in dispatch_uid) never come back for another registry.
+_created: dict[int, tuple[CollectorRegistry, Metrics]] = {}
 _connected: set[int] = set()
 SIGNALS = (
     signals.task_replayed,
@@ -72,7 +74,9 @@ def _counters(registry: CollectorRegistry) -> Metrics:
 
 def connect(registry: CollectorRegistry = REGISTRY) -> Metrics:
     """Create the counters in ``registry`` (once) and count the signals into them; idempotent."""
-    metrics = _created.get(id(registry)) or _created.setdefault(id(registry), _counters(registry))
+    if id(registry) not in _created:
+        _created[id(registry)] = (registry, _counters(registry))
+    metrics = _created[id(registry)][1]
     if id(registry) not in _connected:
         receivers: tuple[Callable[..., None], ...] = (
             metrics.on_replayed,
