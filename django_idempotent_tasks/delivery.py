@@ -147,21 +147,24 @@ def attempt(delivery: Delivery, body: Body) -> Any:
 def settled(delivery: Delivery, record: IdempotencyRecord) -> tuple[Any] | None:
     """The answer an existing record gives without running the body, or None to go on."""
     if record.fingerprint != delivery.fingerprint:
-        logger.error("%s was sent again with different arguments; not executed.", delivery.label)
+        outcome = {"idempotency_outcome": "mismatch"}
+        logger.error(
+            "%s was sent again with different arguments; not executed.", delivery.label, extra=outcome
+        )
         raise IdempotencyKeyMismatch(
             f"The idempotency key {keys.loggable(delivery.key)!r} of {delivery.task_name!r} was used "
             "before with different arguments. Use a new key for new work."
         )
     if record.status == Status.SUCCEEDED:
+        delivery.send(signals.task_replayed)  # first: it sets the outcome the log line carries
         logger.info("%s already succeeded; replaying the stored result.", delivery.label)
-        delivery.send(signals.task_replayed)
         return (record.result,)
     # Whether a lease is live is decided by the claim's SQL on the database clock, not here.
     if store.is_exhausted(record, delivery.max_attempts):
         if not store.exhaust(record, delivery.max_attempts):
             raise Busy  # its last attempt is still running
-        logger.error("%s used up its %d attempts; failed for good.", delivery.label, record.attempts)
         delivery.send(signals.attempts_exhausted, attempts=record.attempts)
+        logger.error("%s used up its %d attempts; failed for good.", delivery.label, record.attempts)
         raise AttemptsExhausted(
             f"{delivery.label} failed for good after {record.attempts} attempts "
             f"(max_attempts={delivery.max_attempts}). Last error: {(record.error or {}).get('message', '')}"
@@ -256,8 +259,8 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
             problem = f"The database refused the result: {exc!r}"
     if problem is not None:
         stored = None
-        logger.error("%s succeeded but its result cannot be stored: %s", delivery.label, problem)
         delivery.send(signals.result_unstorable, reason=problem)
+        logger.error("%s succeeded but its result cannot be stored: %s", delivery.label, problem)
         error = store.error_shape("UnstorableResult", problem)
         done = held_write(
             delivery, heartbeat, lambda: store.complete(claim, None, error, delivery.record_ttl)
@@ -277,8 +280,8 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
 
 def lease_lost(delivery: Delivery, claim: store.Claim) -> Any:
     """A newer holder took over: answer with its result, or treat it as a conflict."""
-    logger.warning("%s lost its lease (fence %d); its completion was refused.", delivery.label, claim.fence)
     delivery.send(signals.lease_lost, fence=claim.fence)
+    logger.warning("%s lost its lease (fence %d); its completion was refused.", delivery.label, claim.fence)
     record = store.lookup(delivery.scope, delivery.key)
     if record is not None and record.status == Status.SUCCEEDED:
         return record.result
@@ -294,7 +297,7 @@ def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException, h
     for_good = delivery.max_attempts if isinstance(cause, UnstorableValue) else None
     error = store.describe_error(cause)
     if held_write(delivery, heartbeat, lambda: store.fail(claim, error, for_good_after=for_good)):
-        logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)
         delivery.send(signals.task_failed, fence=claim.fence, exc=cause)
+        logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)
     else:
         logger.warning("%s failed with %r after losing its lease.", delivery.label, cause)

@@ -121,8 +121,8 @@ def renew(delivery: Delivery, claim: store.Claim, lock: RedisLock | None, heartb
     if renewed is False:
         heartbeat.lost.set()
         if not heartbeat.completing.is_set():  # else our own completion (or failure) has landed
-            logger.warning("%s lost its lease (fence %d) while running.", delivery.label, claim.fence)
             delivery.send(signals.lease_lost, fence=claim.fence)
+            logger.warning("%s lost its lease (fence %d) while running.", delivery.label, claim.fence)
         return False
     if renewed:
         heartbeat.lease_until = started + delivery.lock_ttl

@@ -56,13 +56,24 @@ def test_each_line_of_a_delivery_carries_its_context(lines: Callable[[], list[st
     logging.getLogger("django_idempotent_tasks").info("between deliveries")
 
     assert lines() == [
-        f"INFO task-1 {SCOPE} {digest} 1 1 claimed | {SCOPE}[{key}] failed with "
+        f"INFO task-1 {SCOPE} {digest} 1 1 failed | {SCOPE}[{key}] failed with "
         "RuntimeError('attempt 1 fails'); the next delivery may run it again.",
-        f"INFO task-3 {SCOPE} {digest} None None started | {SCOPE}[{key}] already succeeded; "
+        f"INFO task-3 {SCOPE} {digest} None None replayed | {SCOPE}[{key}] already succeeded; "
         "replaying the stored result.",
-        f"ERROR task-4 {SCOPE} {digest} None None started | {SCOPE}[{key}] was sent again with "
+        f"ERROR task-4 {SCOPE} {digest} None None mismatch | {SCOPE}[{key}] was sent again with "
         "different arguments; not executed.",
         "INFO None None None None None None | between deliveries",
+    ]
+
+
+def test_a_key_failed_for_good_logs_the_exhausted_outcome(lines: Callable[[], list[str]]) -> None:
+    scope = "tests.testapp.tasks.fails_for_good"
+    digest = logs.key_hash("doomed")
+    tasks.fails_for_good.apply((1,), {"idempotency_key": "doomed"}, task_id="only")  # its one attempt
+    tasks.fails_for_good.apply((1,), {"idempotency_key": "doomed"}, task_id="after")
+    assert [line.split(" | ")[0] for line in lines()] == [
+        f"INFO only {scope} {digest} 1 1 failed",
+        f"ERROR after {scope} {digest} None None exhausted",
     ]
 
 
