@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.workers]
 PROJECT = ROOT / "example_project"
 SHOP_REDIS_DB = 8  # the shop uses databases 8 (broker), 9 (locks) and 10 (results) of REDIS_URL
 SETTLE_TIMEOUT = 60  # seconds for the worker to start and run both tasks of the order
+HOLD_FIRST_POST = 30  # at most, seconds the first POST of a double click waits for the second
 
 
 @dataclass(frozen=True)
@@ -67,8 +68,12 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture
-def shop(tmp_path: Path) -> Iterator[Shop]:
-    """The example project served by runserver, with one real worker, on a fresh SQLite database."""
+def shop(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Shop]:
+    """The example project served by runserver, with one real worker, on a fresh SQLite database.
+
+    Parametrized (indirect) with a number of seconds, runserver holds the first checkout POST that
+    long or until a second one arrives (tests/shop_server.py).
+    """
     database = tmp_path / "shop.sqlite3"
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     env.update(
@@ -85,6 +90,7 @@ def shop(tmp_path: Path) -> Iterator[Shop]:
     # runserver with the shop's settings plus tests/shop_server.py's middleware (tests/shop_settings.py).
     server_env = {**env, "DJANGO_SETTINGS_MODULE": "tests.shop_settings", "PYTHONPATH": str(ROOT)}
     server_env["SHOP_POSTS_FILE"] = str(tmp_path / "posts.txt")
+    server_env["SHOP_HOLD_FIRST_POST"] = str(getattr(request, "param", 0))
     server_command = [*manage, "runserver", "--noreload", f"127.0.0.1:{port}"]
     server = start(server_command, server_env, tmp_path / "server.log")
     worker_log = tmp_path / "worker.log"
@@ -113,6 +119,7 @@ CHARGED = "SELECT COUNT(*) FROM django_idempotent_tasks_idempotencyrecord WHERE 
 REPLAYS = "SELECT COALESCE(SUM(count), 0) FROM shop_replay WHERE key = 'order-1-charge'"
 
 
+@pytest.mark.parametrize("shop", [HOLD_FIRST_POST], indirect=True)
 def test_a_double_clicked_pay_button_makes_one_order_and_one_charge(shop: Shop) -> None:
     posts: list[str] = []  # the bodies of the form's POSTs, as the browser sent them
     with sync_playwright() as playwright:
