@@ -19,8 +19,9 @@ from celery.worker.request import Request
 from django_idempotent_tasks import canvas, keys, store
 from django_idempotent_tasks.conf import ASYNC_BODY, TaskOptions, conf, conflict_countdown, task_options
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, UnstorableResult
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
+from django_idempotent_tasks.outcomes import Busy, Outcome, Requeue
 
 if TYPE_CHECKING:
     Base = DjangoTask[Any, Any]
@@ -196,29 +197,34 @@ class IdempotentTask(Base):
         # Keep the request the worker (or apply()) pushed: its id, retries and delivery info. Celery
         # 5.5+ merges it in push_request; Celery 5.4 would push a bare one, as if called directly.
         self.push_request(**{**vars(self.request), "args": args, "kwargs": kwargs})
-        running = _Running(self, self.request.id)
+        request = self.request
+        running = _Running(self, request.id)
         _stack().append(running)
         try:
             delivery = self._delivery(key, args, kwargs)
             running.check_result = delivery.eager
-            result = deliver(
-                delivery, functools.partial(self._run_body, running, args, kwargs), self._requeue
-            )
-            if running.handed_on is not None:
-                raise running.handed_on
-            if running.unstorable is not None:
-                raise UnstorableResult(
-                    f"{delivery.label} is done and will not run again, but: {running.unstorable}"
-                )
-            if result == HANDED_ON:
-                raise Ignore()  # a replay of a body that replaced itself or raised Ignore
-            return result
+            outcome = deliver(delivery, functools.partial(self._run_body, running, args, kwargs))
         finally:
             _stack().pop()
             self.pop_request()
             _task_stack.pop()
             for send in running.sends:
                 send()
+        return self._answer(outcome, running, request, delivery.label)
+
+    def _answer(self, outcome: Outcome, running: _Running, request: Any, label: str) -> Any:
+        """The outcome of a delivery in Celery's terms: its value, a re-queue, Ignore or TaskInProgress."""
+        if isinstance(outcome, Requeue) or (isinstance(outcome, Busy) and outcome.action == "retry"):
+            self._requeue(request)
+        if isinstance(outcome, Busy):
+            raise TaskInProgress(outcome.message)
+        if running.handed_on is not None:
+            raise running.handed_on
+        if running.unstorable is not None:
+            raise UnstorableResult(f"{label} is done and will not run again, but: {running.unstorable}")
+        if outcome.value == HANDED_ON:
+            raise Ignore()  # a replay of a body that replaced itself or raised Ignore
+        return outcome.value
 
     def _run_body(
         self, running: _Running, args: Sequence[Any], kwargs: dict[str, Any], idempotency: Idempotency
@@ -269,9 +275,8 @@ class IdempotentTask(Base):
             return keys.fingerprint(args, body_kwargs)
         return keys.fingerprint([], arguments)
 
-    def _requeue(self) -> NoReturn:
+    def _requeue(self, request: Any) -> NoReturn:
         """Send this delivery again after a countdown, without counting a retry, and ack this one."""
-        request = self.request
         conflicts = int(getattr(request, CONFLICTS_HEADER, None) or 0)
         countdown = conflict_countdown(conflicts, self.idempotency_options.effective_lock_ttl)
         headers = {CONFLICTS_HEADER: conflicts + 1}
