@@ -17,10 +17,11 @@ from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
 from django_idempotent_tasks import canvas, idempotency, keys, store
-from django_idempotent_tasks.conf import ASYNC_BODY, TaskOptions, conf, conflict_countdown, task_options
+from django_idempotent_tasks.conf import conf, conflict_countdown
 from django_idempotent_tasks.delivery import Delivery, deliver
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
+from django_idempotent_tasks.options import ASYNC_BODY, TaskOptions, task_options
 from django_idempotent_tasks.outcomes import Busy, Outcome, Requeue
 
 if TYPE_CHECKING:
