@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,8 @@ from django_idempotent_tasks.conf import conf
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 
 ON_CONFLICT_CHOICES = ("retry", "wait", "raise")
+# Every idempotent task class bound to a Celery app (filled in on_bound): what the checks look at.
+_bound: weakref.WeakKeyDictionary[type, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 ASYNC_BODY = (
     "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
     "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
@@ -115,3 +118,25 @@ def task_options(task: Any) -> TaskOptions:
         atomic=values["atomic"],
         max_attempts=values["max_attempts"],
     )
+
+
+def bind_task(task_class: type, app: Any) -> TaskOptions:
+    """Validate and freeze the options of a task class bound to ``app``, and remember the pair."""
+    options = task_options(task_class)
+    _bound[task_class] = weakref.ref(app)
+    return options
+
+
+def is_idempotent(task: Any) -> bool:
+    """``task`` is an instance of an idempotent task class bound to an app."""
+    return type(task) in _bound
+
+
+def bound_tasks(app: Any) -> list[str]:
+    """The names of the idempotent tasks bound to ``app``, sorted."""
+    return sorted({cls.name for cls, ref in list(_bound.items()) if ref() is app})  # type: ignore[attr-defined]
+
+
+def apps_with_bound_tasks() -> set[Any]:
+    """The live Celery apps that idempotent tasks are bound to."""
+    return {app for ref in list(_bound.values()) if (app := ref()) is not None}

@@ -11,17 +11,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery import shared_task
-from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
-from django_idempotent_tasks import canvas, idempotency, keys, store
+from django_idempotent_tasks import canvas, compat, idempotency, keys, store
 from django_idempotent_tasks.conf import conf, conflict_countdown
 from django_idempotent_tasks.delivery import Delivery, deliver
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
-from django_idempotent_tasks.options import ASYNC_BODY, TaskOptions, task_options
+from django_idempotent_tasks.options import ASYNC_BODY, TaskOptions, bind_task, task_options
 from django_idempotent_tasks.outcomes import Busy, Outcome, Requeue
 
 if TYPE_CHECKING:
@@ -58,17 +57,6 @@ CONFLICTS_HEADER = "idempotency_conflicts"  # how many times this delivery was r
 HANDED_ON = {"django_idempotent_tasks.handed_on": True}
 
 
-def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
-    """Celery's argument check (``Task.typing``) with the idempotency key let through."""
-
-    @functools.wraps(check)
-    def check_arguments(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop(KEY_ARGUMENT, None)
-        return check(*args, **kwargs)
-
-    return check_arguments
-
-
 class IdempotentRequest(Request):
     """The worker's request of an idempotent task: frees the claim of a body killed by a hard time limit."""
 
@@ -100,9 +88,7 @@ class IdempotentTask(Base):
         source = cls.__dict__.get("idempotency_key")
         if inspect.isfunction(source):
             cls.idempotency_key = staticmethod(source)  # a callable key source is not a method
-        header = cls.__dict__.get("__header__")
-        if header is not None:
-            cls.__header__ = staticmethod(_accepting_key(header.__func__))  # type: ignore[attr-defined]
+        compat.let_argument_through(cls, KEY_ARGUMENT)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -110,7 +96,7 @@ class IdempotentTask(Base):
         super().on_bound(app)
         if inspect.iscoroutinefunction(cls.run) or inspect.isasyncgenfunction(cls.run):
             raise IdempotencyConfigurationError(ASYNC_BODY.format(name=cls.name))
-        cls._idempotency_options = task_options(cls)
+        cls._idempotency_options = bind_task(cls, app)
 
     @property
     def idempotency_options(self) -> TaskOptions:
@@ -188,10 +174,8 @@ class IdempotentTask(Base):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = self.resolve_key(args, kwargs)
         kwargs = {**kwargs, KEY_ARGUMENT: key}
-        _task_stack.push(self)
-        # Keep the request the worker (or apply()) pushed: its id, retries and delivery info. Celery
-        # 5.5+ merges it in push_request; Celery 5.4 would push a bare one, as if called directly.
-        self.push_request(**{**vars(self.request), "args": args, "kwargs": kwargs})
+        compat.push_task(self)
+        compat.push_request_keeping(self, args=args, kwargs=kwargs)
         request = self.request
         call = _Call(self, request.id)
         token = _calls.set((*_calls.get(), call))
@@ -202,7 +186,7 @@ class IdempotentTask(Base):
         finally:
             _calls.reset(token)
             self.pop_request()
-            _task_stack.pop()
+            compat.pop_task()
             for send in call.sends:
                 send()
         return self._answer(outcome, call, request, delivery.label)
