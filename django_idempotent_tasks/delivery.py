@@ -144,7 +144,7 @@ def attempt(delivery: Delivery, body: Body) -> Any:
             release(delivery, lock)
 
 
-def settled(delivery: Delivery, record: IdempotencyRecord) -> tuple[Any] | None:
+def settled(delivery: Delivery, record: store.Snapshot) -> tuple[Any] | None:
     """The answer an existing record gives without running the body, or None to go on."""
     if record.fingerprint != delivery.fingerprint:
         logger.error("%s was sent again with different arguments; not executed.", delivery.label)
