@@ -12,7 +12,8 @@ from typing import Any, NoReturn, TypeVar, overload
 from django_idempotent_tasks import django_tasks, keys
 from django_idempotent_tasks.conf import conf
 from django_idempotent_tasks.delivery import Body, Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress
+from django_idempotent_tasks.outcomes import Busy, Requeue
 
 R = TypeVar("R")
 KEY_ARGUMENT = "idempotency_key"
@@ -81,11 +82,12 @@ class IdempotentFunction:
 
 def run(delivery: Delivery, body: Body) -> Any:
     """Deliver one call of an ``@idempotent`` function (the one place that calls ``deliver``)."""
-    return deliver(delivery, body, _never_requeued)
-
-
-def _never_requeued() -> NoReturn:  # pragma: no cover - eager deliveries wait or raise instead
-    raise AssertionError("An @idempotent call has no broker to be re-queued to.")
+    outcome = deliver(delivery, body)
+    if isinstance(outcome, Busy):  # an eager delivery waits or raises, never re-queues
+        raise TaskInProgress(outcome.message)
+    if isinstance(outcome, Requeue):  # pragma: no cover - an eager delivery raises instead
+        raise AssertionError(f"An @idempotent call has no broker to be re-queued to: {outcome.reason}.")
+    return outcome.value
 
 
 @overload
