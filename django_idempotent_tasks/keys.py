@@ -59,6 +59,22 @@ def signature(run: Callable[..., Any]) -> inspect.Signature:
         return inspect.signature(run)  # an unhashable callable; or no signature: raises the same
 
 
+@functools.lru_cache(maxsize=512)
+def _plain(run: Callable[..., Any]) -> tuple[str, ...] | None:
+    parameters = inspect.signature(run).parameters.values()
+    if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in parameters):
+        return tuple(p.name for p in parameters)
+    return None
+
+
+def _plain_names(run: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The parameter names of ``run`` if all are plain (positional or keyword, no default), else None."""
+    try:
+        return _plain(run)
+    except (TypeError, ValueError):
+        return None  # unhashable, or no signature: the general path decides
+
+
 def bind_arguments(run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Map a call's arguments onto the names of ``run``'s parameters, defaults applied."""
     found = signature(run)
@@ -77,6 +93,9 @@ def passed_arguments(
     """The arguments a call passed, by parameter name, leaving out those equal to their default."""
     # Defaults are not the caller's: a deploy adding an optional parameter must keep old messages'
     # fingerprints, and passing a default explicitly is the same call as leaving it out.
+    names = _plain_names(run)
+    if names is not None and len(args) <= len(names) and kwargs.keys() <= set(names[len(args) :]):
+        return {**dict(zip(names, args, strict=False)), **kwargs}  # bind_partial, without binding
     found = signature(run)
     arguments = dict(found.bind_partial(*args, **kwargs).arguments)
     for name, param in found.parameters.items():

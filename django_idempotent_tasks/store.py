@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import functools
 import weakref
 from collections.abc import Callable, Sequence
@@ -42,12 +41,8 @@ class Row:
     fence: int
     task_id: str
     worker: str
-    # None where the value was written on the database clock and not read back.
-    lease_expires_at: datetime.datetime | None
-    created_at: datetime.datetime | None
-    started_at: datetime.datetime | None
-    completed_at: datetime.datetime | None
-    expires_at: datetime.datetime | None
+    # No timestamps: nothing on the delivery path decides by them (leases are judged in SQL, on the
+    # database clock), and decoding them was a tenth of a replay's CPU. The admin reads the model.
 
 
 #: What the store's functions accept: a Row it read, or a model instance read by the ORM.
@@ -159,13 +154,11 @@ def _savepoint() -> AbstractContextManager[Any]:
 
 
 def _forget(record: Snapshot, *names: str) -> None:
-    # These were written as SQL expressions on the database clock and are not read back: a model
-    # instance loads them on access (Django's deferred-field load), a Row says None.
-    for name in names:
-        if isinstance(record, IdempotencyRecord):
+    # These were written as SQL expressions on the database clock: a model instance forgets the
+    # expression objects and loads what the database stored on access (Django's deferred-field load).
+    if isinstance(record, IdempotencyRecord):
+        for name in names:
             record.__dict__.pop(name, None)
-        else:
-            setattr(record, name, None)
 
 
 def insert(
@@ -182,29 +175,12 @@ def insert(
     """Create the record IN_PROGRESS with fence 1; None if another delivery created it first."""
     alias = database()
     connection = connections[alias]
-    now = timezone.now()
     row = Row(
-        0,
-        scope,
-        key,
-        task_name,
-        Status.IN_PROGRESS,
-        fingerprint,
-        None,
-        None,
-        {},
-        1,
-        1,
-        task_id,
-        worker,
-        None,
-        now,
-        now,
-        None,
-        None,
+        0, scope, key, task_name, Status.IN_PROGRESS, fingerprint, None, None, {}, 1, 1, task_id, worker
     )
     sql, returning = _insert_sql(alias)
-    params = [_prepare(connection, name, getattr(row, name)) for name in _INSERTED]
+    now = _prepare(connection, "created_at", timezone.now())
+    params = [*(_prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
     try:
         with _savepoint(), connection.cursor() as cursor:
             cursor.execute(sql, [*params, lease_seconds, record_ttl])
@@ -219,12 +195,26 @@ def insert(
     return Claim(record=row, fence=1, attempt=1, recovered=False)
 
 
-# What insert() binds as parameters; the lease and the retention are on the database clock.
-_INSERTED = tuple(name for name in _ROW_COLUMNS if name not in {"pk", "lease_expires_at", "expires_at"})
+# What insert() writes: the Row's columns, then the timestamps (now), then the lease and the
+# retention (on the database clock).
+_INSERTED = _ROW_COLUMNS[1:]
+_STAMPED = ("created_at", "started_at")
+_CLOCKED = ("lease_expires_at", "expires_at")
 
 
 def _prepare(connection: Any, name: str, value: Any) -> Any:
-    return None if value is None else _field(name).get_db_prep_save(value, connection)
+    """``value`` as the field prepares it for the database, as the ORM would. Text and integers go
+    as they are on every backend: only JSON and datetimes are adapted (and cost a call)."""
+    if value is None or name not in _ADAPTED:
+        return value
+    return _field(name).get_db_prep_save(value, connection)
+
+
+_ADAPTED = frozenset(
+    field.name
+    for field in IdempotencyRecord._meta.concrete_fields
+    if isinstance(field, (models.JSONField, models.DateTimeField))
+)
 
 
 @functools.cache
@@ -233,8 +223,8 @@ def _insert_sql(alias: str) -> tuple[str, bool]:
     returns the new primary key itself (RETURNING) rather than through the cursor."""
     connection = connections[alias]
     quote, clock = connection.ops.quote_name, later_sql(connection.vendor)
-    columns = ", ".join(quote(_column(name)) for name in (*_INSERTED, "lease_expires_at", "expires_at"))
-    values = ", ".join([*("%s" for _ in _INSERTED), clock, clock])
+    columns = ", ".join(quote(_column(name)) for name in (*_INSERTED, *_STAMPED, *_CLOCKED))
+    values = ", ".join([*("%s" for _ in (*_INSERTED, *_STAMPED)), clock, clock])
     sql = f"INSERT INTO {quote(IdempotencyRecord._meta.db_table)} ({columns}) VALUES ({values})"
     returning = bool(connection.features.can_return_columns_from_insert)
     if returning:
@@ -262,8 +252,9 @@ def take_over(
         return None
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
-        setattr(record, name, value)
-    _forget(record, "lease_expires_at", "expires_at")
+        if isinstance(record, IdempotencyRecord) or name in _ROW_COLUMNS:
+            setattr(record, name, value)
+    _forget(record, *_CLOCKED)
     # The steps are read again under the claim: the copy read before the lock may be stale.
     record.steps = _steps(record.pk)
     return Claim(record=record, fence=fence, attempt=attempt, recovered=recovered)
@@ -288,8 +279,7 @@ def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: An
     """
     alias = database()
     connection = connections[alias]
-    fields = {field.name: field for field in IdempotencyRecord._meta.concrete_fields}
-    params = [fields[name].get_db_prep_save(value, connection) for name, value in values.items()]
+    params = [_prepare(connection, name, value) for name, value in values.items()]
     later = later or {}
     with connection.cursor() as cursor:
         cursor.execute(
