@@ -27,6 +27,7 @@ def register() -> None:
     checks.register(check_record_databases, TAG, checks.Tags.database)
     checks.register(check_key_collation, TAG, checks.Tags.database)
     checks.register(celery_checks.check_purge_scheduled, TAG, deploy=True)
+    checks.register(celery_checks.check_db_reuse, TAG, deploy=True)
 
 
 def lock_cache() -> tuple[str, dict[str, Any]] | None:
