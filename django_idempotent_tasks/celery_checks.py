@@ -240,3 +240,22 @@ def _in_beat_database() -> bool:
         return bool(periodic_task.objects.filter(task=PURGE_TASK, enabled=True).exists())
     except DatabaseError:  # not migrated yet: nothing is scheduled there
         return False
+
+
+def check_db_reuse(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W010 (deploy): without CELERY_DB_REUSE_MAX, Celery reconnects to the database for every task."""
+    app = find_app()
+    if app is None or app.conf.get("CELERY_DB_REUSE_MAX"):
+        return []
+    return [
+        checks.Warning(
+            "CELERY_DB_REUSE_MAX is not set: Celery's Django fix-up closes the database connections "
+            "before and after every task (Celery 5.7 whatever CONN_MAX_AGE says), so every idempotent "
+            "task opens a new connection before its first query, which costs more than the task's "
+            "own round trips (make bench prints how much).",
+            hint="Set CELERY_DB_REUSE_MAX = 1000 in the settings your Celery app reads (Celery then "
+            "closes connections every 1000 tasks), with CONN_MAX_AGE and a task_prerun receiver "
+            "calling close_old_connections() to drop broken ones (docs/scale.md, PostgreSQL connections).",
+            id=f"{PREFIX}.W010",
+        )
+    ]

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Any
+
 from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
 
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 
@@ -16,7 +21,10 @@ def _positive_int(name: str, default: int) -> int:
 
 
 class Settings:
-    @property
+    """The settings, each validated and kept once read; a changed setting (override_settings) is
+    read again: reading them on every delivery cost more than its round trips."""
+
+    @functools.cached_property
     def CACHE(self) -> str:
         """Alias of the django-redis cache that holds the locks."""
         value = getattr(settings, "IDEMPOTENT_TASKS_CACHE", "default")
@@ -26,27 +34,27 @@ class Settings:
             )
         return value
 
-    @property
+    @functools.cached_property
     def LOCK_TTL(self) -> int:
         """Seconds a lock and lease live without renewal."""
         return _positive_int("IDEMPOTENT_TASKS_LOCK_TTL", 60)
 
-    @property
+    @functools.cached_property
     def RECORD_TTL(self) -> int:
         """Seconds a finished record is kept before it may be purged."""
         return _positive_int("IDEMPOTENT_TASKS_RECORD_TTL", 7 * 24 * 3600)
 
-    @property
+    @functools.cached_property
     def MAX_RESULT_BYTES(self) -> int:
         """Largest JSON result stored, in bytes."""
         return _positive_int("IDEMPOTENT_TASKS_MAX_RESULT_BYTES", 64 * 1024)
 
-    @property
+    @functools.cached_property
     def MAX_ATTEMPTS(self) -> int:
         """Claims before a key is failed for good."""
         return _positive_int("IDEMPOTENT_TASKS_MAX_ATTEMPTS", 5)
 
-    @property
+    @functools.cached_property
     def CONFLICT_RETRY_DELAY(self) -> int:
         """Countdown in seconds of a delivery re-queued by a conflict."""
         return _positive_int("IDEMPOTENT_TASKS_CONFLICT_RETRY_DELAY", 1)
@@ -65,6 +73,12 @@ class Settings:
 
 
 conf = Settings()
+
+
+@receiver(setting_changed)
+def _setting_changed(setting: str, **kwargs: Any) -> None:
+    if setting.startswith("IDEMPOTENT_TASKS_"):
+        vars(conf).clear()
 
 
 def conflict_countdown(conflicts: int, lock_ttl: int) -> int:

@@ -129,7 +129,7 @@ def attempt(delivery: Delivery, body: Body) -> Replayed | Completed:
             release(delivery, lock)
 
 
-def claim_record(delivery: Delivery, record: IdempotencyRecord | None) -> store.Claim | None:
+def claim_record(delivery: Delivery, record: store.Snapshot | None) -> store.Claim | None:
     """Insert the key IN_PROGRESS or take its record over; None while another lease is live."""
     lease: dict[str, Any] = {"task_id": delivery.task_id, "worker": worker_identity()}
     lease.update(lease_seconds=delivery.lock_ttl, record_ttl=delivery.record_ttl)
@@ -139,7 +139,7 @@ def claim_record(delivery: Delivery, record: IdempotencyRecord | None) -> store.
     return store.insert(delivery.scope, key, task_name=task_name, fingerprint=fingerprint, **lease)
 
 
-def settled(delivery: Delivery, record: IdempotencyRecord) -> Replayed | None:
+def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
     """The answer an existing record gives without running the body, or None to go on."""
     if record.fingerprint != delivery.fingerprint:
         outcome = {"idempotency_outcome": "mismatch"}
