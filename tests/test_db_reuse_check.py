@@ -15,6 +15,9 @@ from django_idempotent_tasks.checks import TAG
 
 ID = "django_idempotent_tasks.W010"
 
+# The deploy checks run W009 too, which reads django-celery-beat's schedule table when it is installed.
+pytestmark = pytest.mark.django_db
+
 
 @pytest.fixture
 def make_app() -> Iterator[Callable[..., Celery]]:
