@@ -5,11 +5,10 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import connection
-from django.test import Client, override_settings
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -18,6 +17,7 @@ from django_idempotent_tasks.admin import actions as admin_actions
 from django_idempotent_tasks.admin.changelist import EstimatedCountPaginator
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
+from tests.helpers import redis_down
 from tests.records import operator_scene
 
 pytestmark = pytest.mark.django_db
@@ -435,12 +435,7 @@ def test_detail_says_who_holds_the_redis_lock(
 def test_detail_shows_unknown_when_redis_does_not_answer(
     scene: dict[str, IdempotencyRecord], superuser: Client
 ) -> None:
-    dead = {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": "redis://127.0.0.1:1/0",
-        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1},
-    }
-    with override_settings(CACHES={**settings.CACHES, "dead": dead}, IDEMPOTENT_TASKS_CACHE="dead"):
+    with redis_down():
         response = superuser.get(detail(scene["stuck"]))
     assert response.status_code == 200
     assert "unknown (Redis did not answer)" in response.content.decode()

@@ -11,26 +11,16 @@ from typing import Any
 import pytest
 import redis
 from django.core.management import CommandError, call_command
-from django.test import override_settings
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
+from tests.helpers import REFUSED, redis_down
 
 pytestmark = pytest.mark.django_db
 
 LABEL = "key 'order-1' in scope 's'"
-REDIS_DOWN = override_settings(
-    CACHES={
-        "locks": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": "redis://127.0.0.1:1/0",
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1},
-        }
-    }
-)
-REFUSED = "Error 111 connecting to 127.0.0.1:1. Connection refused"
 
 
 def run(*args: str) -> str:
@@ -157,7 +147,7 @@ def test_status_of_a_key_in_several_scopes_needs_scope() -> None:
 
 def test_status_when_redis_does_not_answer() -> None:
     records.make("order-1")
-    with REDIS_DOWN:
+    with redis_down():
         output = run("idempotency_status", "order-1")
     assert output.endswith(f"Redis lock: unknown: Redis did not answer ({REFUSED})\n")
 
@@ -235,7 +225,7 @@ def test_release_is_silent_at_verbosity_0(held: RedisLock, lock_redis: redis.Red
 def test_release_reports_the_lease_before_a_redis_failure() -> None:
     records.stuck("order-1")
     out = StringIO()
-    with REDIS_DOWN, pytest.raises(CommandError) as raised:
+    with redis_down(), pytest.raises(CommandError) as raised:
         call_command("release_idempotency_lock", "order-1", stdout=out)
     assert out.getvalue().startswith(f"Released the expired lease of {LABEL} (fence 1, worker host:1)")
     assert str(raised.value) == f"Could not read the Redis lock of {LABEL}: {REFUSED}."

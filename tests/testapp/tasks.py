@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
-from celery.signals import before_task_publish, task_postrun
+from celery.signals import before_task_publish, task_failure, task_postrun, task_retry
 from django.db import OperationalError, transaction
 from django.dispatch import receiver
 
@@ -328,9 +328,37 @@ def hands_on(self: Any, value: int, how: str) -> Any:
     raise Reject("refused", requeue=False)
 
 
+# What the workers did, kept in the control Redis for the worker tests (tests/helpers.py reads it).
+
+
 @receiver(signals.task_replayed)
 def count_replays(sender: Any, key: str, **kwargs: Any) -> None:
-    control().incr(f"replayed:{key}")  # what a worker replayed, for the worker tests
+    control().incr(f"replayed:{key}")
+    request = getattr(sender, "request", None)  # a Celery task; a django.tasks function has none
+    control().rpush(f"replayed_on:{key}", getattr(request, "hostname", None) or "")
+
+
+@receiver(signals.lock_conflict)
+def record_conflicts(sender: Any, key: str, action: str, **kwargs: Any) -> None:
+    control().rpush(f"conflicts:{key}", action)
+
+
+@receiver(signals.lease_lost)
+def record_lost_leases(sender: Any, key: str, fence: int, **kwargs: Any) -> None:
+    control().rpush(f"lease_lost:{key}", fence)
+
+
+@task_failure.connect
+def record_failures(sender: Any = None, exception: Any = None, kwargs: Any = None, **extra: Any) -> None:
+    if kwargs and "idempotency_key" in kwargs:
+        control().rpush(f"errors:{kwargs['idempotency_key']}", type(exception).__name__)
+
+
+@task_retry.connect
+def record_retries(sender: Any = None, request: Any = None, reason: Any = None, **extra: Any) -> None:
+    key = (getattr(request, "kwargs", None) or {}).get("idempotency_key")
+    if key is not None:
+        control().rpush(f"errors:{key}", type(reason).__name__)
 
 
 if os.environ.get("IDEMPOTENT_TESTS_DEPLOY") == "2":  # tests/test_deploy.py: the next release of the task
