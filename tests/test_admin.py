@@ -12,7 +12,7 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_idempotent_tasks import keys
+from django_idempotent_tasks import keys, store
 from django_idempotent_tasks.admin import actions as admin_actions
 from django_idempotent_tasks.admin.changelist import EstimatedCountPaginator
 from django_idempotent_tasks.models import IdempotencyRecord
@@ -261,6 +261,27 @@ def test_release_stuck_lease_fails_the_stuck_and_leaves_live_leases(
     response = action(client, "release_stuck_leases", [records.stuck("order-charge-2006", shop=True)])
     assert "Released 1 stuck lease:" in response.content.decode()
     assert "not stuck" not in response.content.decode()
+
+
+def test_release_stuck_lease_leaves_a_record_taken_over_after_the_selection_was_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = login(staff("oncall", "view_idempotencyrecord", "release_lease"))
+    record = records.stuck("order-charge-2008", shop=True)
+    release = store.release_lease
+
+    def taken_over_first(seen: IdempotencyRecord, by: str, **kwargs: Any) -> bool:
+        # A redelivery claims the key between the action's read and its fenced write.
+        IdempotencyRecord.objects.filter(pk=seen.pk).update(fence=seen.fence + 1)
+        return release(seen, by, **kwargs)
+
+    monkeypatch.setattr(store, "release_lease", taken_over_first)
+    page = action(client, "release_stuck_leases", [record]).content.decode()
+    assert "Released" not in page
+    assert "1 selected record was not stuck" in page
+    left = IdempotencyRecord.objects.get(pk=record.pk)
+    assert (left.status, left.fence) == (Status.IN_PROGRESS, record.fence + 1)
+    assert not LogEntry.objects.exists()
 
 
 # The changelist: filters, search, pagination, queries.

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
+from django.db import connections
 from django_tasks_db.models import DBTaskResult
 
 from django_idempotent_tasks import django_tasks
@@ -102,6 +104,21 @@ def test_the_key_is_validated_at_enqueue_before_anything_is_stored() -> None:
         asyncio.run(functions.db_receipt.aenqueue(1))
     assert not DBTaskResult.objects.exists()
     assert not IdempotencyRecord.objects.exists()
+
+
+def test_aenqueue_stores_the_key_with_the_enqueued_task() -> None:
+    async def enqueue() -> Any:
+        try:
+            return await functions.db_receipt.aenqueue(4, idempotency_key="db-4")
+        finally:  # the executor thread's connection, or the test database cannot be dropped
+            await sync_to_async(connections.close_all)()
+
+    result = asyncio.run(enqueue())
+    assert result.kwargs == {"idempotency_key": "db-4"}
+    assert DBTaskResult.objects.get(pk=result.id).args_kwargs == {
+        "args": [4],
+        "kwargs": {"idempotency_key": "db-4"},
+    }
 
 
 def test_a_derived_key_is_stored_with_the_enqueued_task() -> None:

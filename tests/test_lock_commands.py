@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -14,6 +15,7 @@ from django.core.management import CommandError, call_command
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
+from django_idempotent_tasks.management import key_state
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
 from tests.helpers import REFUSED, redis_down
@@ -244,3 +246,39 @@ def test_release_refuses_when_the_record_moved_on_meanwhile() -> None:
         "nothing was released. Run the command again."
     )
     assert IdempotencyRecord.objects.get().status == "IN_PROGRESS"
+
+
+def test_release_leaves_a_lock_that_changed_hands_after_it_was_read(
+    held: RedisLock, lock_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = key_state.lock_state
+
+    def read_then_lose(scope: str, key: str) -> key_state.LockState:
+        state = read(scope, key)
+        lock_redis.set(held.name, "worker-9.example.internal:777:other")  # it expired; another took it
+        return state
+
+    monkeypatch.setattr(key_state, "lock_state", read_then_lose)
+    assert run("release_idempotency_lock", "order-1", "--scope", "s") == (
+        f"No record for {LABEL}: no lease to release.\n"
+        f"The Redis lock of {LABEL} changed hands while being released: left as it is.\n"
+    )
+    assert lock_redis.get(held.name) == b"worker-9.example.internal:777:other"
+
+
+def test_release_reports_a_redis_failure_after_the_lock_was_read(
+    held: RedisLock, lock_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = key_state.lock_state
+    outage = contextlib.ExitStack()
+
+    def read_then_redis_goes_down(scope: str, key: str) -> key_state.LockState:
+        state = read(scope, key)
+        outage.enter_context(redis_down())
+        return state
+
+    monkeypatch.setattr(key_state, "lock_state", read_then_redis_goes_down)
+    with outage, pytest.raises(CommandError) as raised:
+        run("release_idempotency_lock", "order-1", "--scope", "s")
+    assert str(raised.value) == f"Could not release the Redis lock of {LABEL}: {REFUSED}."
+    assert lock_redis.get(held.name) == held.token.encode()
