@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.core import checks
+from django.core.management import call_command
 from django.db import connection
 
 from django_idempotent_tasks import store
@@ -135,3 +136,14 @@ def test_the_migrated_columns_are_binary_and_no_pad() -> None:
             ("key", exact_collation(connection)),
             ("scope", exact_collation(connection)),
         )
+
+
+def test_0002_migrates_back_to_folding_columns_and_forward_to_exact_ones() -> None:
+    call_command("migrate", "django_idempotent_tasks", "0001", verbosity=0)
+    try:
+        before = {error.id for error in check_key_collation(databases=["default"])}
+    finally:
+        call_command("migrate", "django_idempotent_tasks", verbosity=0)
+    # PostgreSQL and SQLite compare exactly with or without 0002; MySQL's default collation folds.
+    assert before == ({"django_idempotent_tasks.E004"} if connection.vendor == "mysql" else set())
+    assert check_key_collation(databases=["default"]) == []

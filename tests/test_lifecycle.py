@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.models import F
 from django.utils import timezone
 
@@ -22,7 +22,7 @@ from django_idempotent_tasks.exceptions import (
     UnstorableResult,
 )
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.helpers import redis_down
+from tests.helpers import calls, redis_down
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
@@ -270,3 +270,13 @@ def test_a_take_over_renews_the_records_retention() -> None:
     expires_at = IdempotencyRecord.objects.get().expires_at
     assert expires_at is not None and expires_at > timezone.now() + timedelta(days=6)
     assert not IdempotencyRecord.objects.expired().exists()
+
+
+def test_the_bodys_own_operational_error_is_its_own_in_eager_mode() -> None:
+    # A deadlock on a working connection: the task's autoretry (max_retries=1) runs it again, then
+    # it fails with the body's error, never taken for a lost connection.
+    with pytest.raises(OperationalError, match="deadlock detected"):
+        run(tasks.deadlocks, key="eager-deadlock")
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.attempts, error_of(record)["type"]) == ("FAILED", 2, "OperationalError")
+    assert calls("eager-deadlock") == 2
