@@ -120,7 +120,9 @@ class Worker:
     def stop(self) -> None:
         """Warm shutdown; SIGKILL the process group if it takes longer than 15 s."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.pid, signal.SIGTERM)
+            # The main process alone: it ends its children itself, so they exit (and save their
+            # coverage data) instead of dying of the signal.
+            os.kill(self.pid, signal.SIGTERM)
             try:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
