@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from celery import _state
 from django.apps import apps as django_apps
 from django.core import checks
 from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
+from django_idempotent_tasks import compat, options
 from django_idempotent_tasks.checks import PREFIX, lock_cache
 
 PICKLE = {"pickle", "application/x-python-serialize"}
@@ -27,23 +27,20 @@ _BROKER_NAMES = {"sentinel": "Redis Sentinel", "sqs": "SQS"}
 
 def find_app() -> Any:
     """Celery's current app, else the one app holding idempotent tasks, else the only app; or None."""
-    current = getattr(_state._tls, "current_app", None) or _state.default_app  # type: ignore[attr-defined]
+    current = compat.current_app()
     if current is not None:
         return current
-    apps = list(_state._get_active_apps())  # type: ignore[attr-defined]
-    bound = {task.app for app in apps for task in idempotent_tasks(app, finalize=False)}
+    bound = options.apps_with_bound_tasks()
     if len(bound) == 1:
         return bound.pop()
+    apps = compat.active_apps()
     return apps[0] if len(apps) == 1 else None
 
 
-def idempotent_tasks(app: Any, finalize: bool = True) -> list[Any]:
-    """The idempotent tasks registered on ``app``, by name."""
-    # Only user code imports tasks; by now autodiscover_modules has imported it like any tasks module.
-    from django_idempotent_tasks.tasks import IdempotentTask
-
-    registry = app.tasks if finalize and (app.finalized or app.autofinalize) else app._tasks
-    return sorted((t for t in registry.values() if isinstance(t, IdempotentTask)), key=lambda t: t.name)
+def idempotent_tasks(app: Any) -> list[Any]:
+    """The idempotent tasks bound to ``app``, by name."""
+    registry = compat.registered_tasks(app)
+    return [registry[name] for name in options.bound_tasks(app) if name in registry]
 
 
 def check_celery_app(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:

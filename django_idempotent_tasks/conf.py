@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
-
 from celery.utils.time import get_exponential_backoff_interval
 from django.conf import settings
 
@@ -71,15 +67,6 @@ class Settings:
 conf = Settings()
 
 
-ON_CONFLICT_CHOICES = ("retry", "wait", "raise")
-ASYNC_BODY = (
-    "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
-    "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
-    "the key would be marked done with None. Write the task as a def that runs the coroutine: "
-    "return asyncio.run(work(...))."
-)
-
-
 def conflict_countdown(conflicts: int, lock_ttl: int) -> int:
     """Seconds before a delivery re-queued by a conflict runs again: exponential, full jitter, capped."""
     # Capped at lock_ttl: by then the holder has renewed its lease or lost it, so waiting longer
@@ -87,80 +74,3 @@ def conflict_countdown(conflicts: int, lock_ttl: int) -> int:
     factor = conf.CONFLICT_RETRY_DELAY
     jittered = get_exponential_backoff_interval(factor, conflicts, max(factor, lock_ttl), full_jitter=True)
     return max(factor, jittered)
-
-
-@dataclass(frozen=True)
-class TaskOptions:
-    """A task's own options, checked once when it is bound; ``None`` means "the setting"."""
-
-    task_name: str
-    scope: str
-    key_source: str | Callable[..., Any] | None
-    lock_ttl: int | None
-    record_ttl: int | None
-    on_conflict: str
-    atomic: bool
-    max_attempts: int | None
-
-    # Settings are read at use, not at bind: tasks are bound before override_settings applies, and
-    # reading a setting is one attribute lookup.
-    @property
-    def effective_lock_ttl(self) -> int:
-        """``lock_ttl``, else IDEMPOTENT_TASKS_LOCK_TTL."""
-        return conf.LOCK_TTL if self.lock_ttl is None else self.lock_ttl
-
-    @property
-    def effective_record_ttl(self) -> int:
-        """``record_ttl``, else IDEMPOTENT_TASKS_RECORD_TTL."""
-        return conf.RECORD_TTL if self.record_ttl is None else self.record_ttl
-
-    @property
-    def effective_max_attempts(self) -> int:
-        """``max_attempts``, else IDEMPOTENT_TASKS_MAX_ATTEMPTS."""
-        return conf.MAX_ATTEMPTS if self.max_attempts is None else self.max_attempts
-
-
-def _option_error(task_name: str, option: str, value: Any, rule: str) -> IdempotencyConfigurationError:
-    return IdempotencyConfigurationError(
-        f"Idempotent task {task_name!r}: {option}={value!r} is invalid; {rule}."
-    )
-
-
-def _seconds_option(task_name: str, option: str, value: Any) -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        rule = "it must be a positive whole number of seconds, or None for the setting"
-        raise _option_error(task_name, option, value, rule)
-    return value
-
-
-def task_options(task: Any) -> TaskOptions:
-    """Validate the options of an idempotent task (class or instance) and freeze them."""
-    name = task.name
-    source = task.idempotency_key
-    if source is not None and not callable(source) and not (isinstance(source, str) and source):
-        raise _option_error(name, "idempotency_key", source, "it must be a template str or a callable")
-    scope = task.idempotency_scope
-    if scope is not None and not (isinstance(scope, str) and scope.strip()):
-        raise _option_error(name, "idempotency_scope", scope, "it must be a non-empty str, or None")
-    if task.on_conflict not in ON_CONFLICT_CHOICES:
-        rule = f"it must be one of {', '.join(map(repr, ON_CONFLICT_CHOICES))}"
-        raise _option_error(name, "on_conflict", task.on_conflict, rule)
-    if not isinstance(task.atomic, bool):
-        raise _option_error(name, "atomic", task.atomic, "it must be True or False")
-    max_attempts = task.max_attempts
-    if max_attempts is not None and (
-        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts <= 0
-    ):
-        raise _option_error(name, "max_attempts", max_attempts, "it must be a positive int, or None")
-    return TaskOptions(
-        task_name=name,
-        scope=scope or name,
-        key_source=source,
-        lock_ttl=_seconds_option(name, "lock_ttl", task.lock_ttl),
-        record_ttl=_seconds_option(name, "record_ttl", task.record_ttl),
-        on_conflict=task.on_conflict,
-        atomic=task.atomic,
-        max_attempts=max_attempts,
-    )

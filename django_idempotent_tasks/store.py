@@ -12,6 +12,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from django_idempotent_tasks import compat
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord, later_sql
 from django_idempotent_tasks.values import describe_error as describe_error
 from django_idempotent_tasks.values import encode_result as encode_result
@@ -292,6 +293,6 @@ def purge(queryset: Any, *, batch_size: int, progress: Any = None) -> int:
         # QuerySet.delete() would, with any pre/post_delete receiver connected, select first and
         # then delete by pk only. Records have no reverse relations, so nothing cascades.
         current = purgeable(queryset.order_by().filter(pk__in=batch))
-        deleted += current._raw_delete(current.db)
+        deleted += compat.raw_delete(current)
         if progress is not None:
             progress(deleted)
