@@ -61,11 +61,15 @@ def test_a_well_keyed_canvas_is_sent(broker: Any) -> None:  # noqa: F811
     assert len(queued(broker)) == 4
 
 
-def test_callbacks_given_as_dicts_and_members_own_callbacks_are_checked(broker: Any) -> None:  # noqa: F811
+def test_callbacks_given_as_dicts_and_later_links_own_callbacks_and_options_are_checked(broker: Any) -> None:  # noqa: F811
     with pytest.raises(MissingIdempotencyKey):
         good(1).apply_async(link=dict(tasks.send_receipt.s()))  # a callback as it travels in a message
-    with pytest.raises(MissingIdempotencyKey):
-        group([good(1).set(link=tasks.send_receipt.s())]).apply_async()
+    with pytest.raises(MissingIdempotencyKey):  # a later link's own callback
+        chain(
+            good(1), tasks.send_receipt.s(idempotency_key="r").set(link=tasks.send_receipt.s())
+        ).apply_async()
+    with pytest.raises(TypeError, match="lock_ttl is an option of the task"):
+        chain(good(1), tasks.send_receipt.s(idempotency_key="r").set(lock_ttl=5)).apply_async()
     with pytest.raises(InvalidIdempotencyKey):
         chain(good(1), tasks.send_receipt.s(idempotency_key="bad\nkey")).apply_async()
     assert queued(broker) == []

@@ -13,7 +13,7 @@ from django.db import connection
 from django_idempotent_tasks import store
 from django_idempotent_tasks.admin.changelist import search_condition
 from django_idempotent_tasks.checks import check_key_collation
-from django_idempotent_tasks.fields import exact_collation
+from django_idempotent_tasks.fields import MARIADB_COLLATION, MYSQL_COLLATION, ExactCharField, exact_collation
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
 from tests.testapp import tasks
@@ -147,3 +147,11 @@ def test_0002_migrates_back_to_folding_columns_and_forward_to_exact_ones() -> No
     # PostgreSQL and SQLite compare exactly with or without 0002; MySQL's default collation folds.
     assert before == ({"django_idempotent_tasks.E004"} if connection.vendor == "mysql" else set())
     assert check_key_collation(databases=["default"]) == []
+
+
+def test_the_exact_collation_is_the_vendors_own_and_an_explicit_one_wins() -> None:
+    mariadb = getattr(connection, "mysql_is_mariadb", False)
+    expected = {"mysql": MARIADB_COLLATION if mariadb else MYSQL_COLLATION}.get(connection.vendor)
+    assert exact_collation(connection) == expected  # None: PostgreSQL and SQLite compare exactly
+    field = ExactCharField(max_length=10, db_collation="C")
+    assert field.db_parameters(connection)["collation"] == "C"
