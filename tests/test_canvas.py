@@ -69,7 +69,7 @@ def test_callbacks_given_as_dicts_and_later_links_own_callbacks_and_options_are_
             good(1), tasks.send_receipt.s(idempotency_key="r").set(link=tasks.send_receipt.s())
         ).apply_async()
     with pytest.raises(TypeError, match="lock_ttl is an option of the task"):
-        chain(good(1), tasks.send_receipt.s(idempotency_key="r").set(lock_ttl=5)).apply_async()
+        chain(good(1), tasks.send_receipt.s(idempotency_key="r").set(lock_ttl=5)).apply_async()  # type: ignore[call-arg]
     with pytest.raises(InvalidIdempotencyKey):
         chain(good(1), tasks.send_receipt.s(idempotency_key="bad\nkey")).apply_async()
     assert queued(broker) == []
