@@ -8,11 +8,12 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from django_idempotent_tasks import logs
+from django_idempotent_tasks import logs, signals
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.testapp import tasks
 
@@ -114,3 +115,24 @@ def test_installing_twice_adds_one_filter() -> None:
 def test_fields_given_by_the_caller_are_kept(lines: Callable[[], list[str]]) -> None:
     logging.getLogger("django_idempotent_tasks").info("explicit", extra={"task_id": "mine"})
     assert lines() == ["INFO mine None None None None None | explicit"]
+
+
+def test_signals_sent_outside_a_delivery_leave_the_log_context_alone() -> None:
+    seen: list[Any] = []
+
+    def send() -> None:  # a thread of its own: no delivery runs in it
+        responses = [
+            *signals.task_claimed.send(
+                sender=tasks.failing, key="k", scope="s", fence=1, attempt=1, recovered=False
+            ),
+            *signals.task_replayed.send(sender=tasks.failing, key="k", scope="s"),
+        ]
+        seen.extend(
+            response for receiver, response in responses if receiver in (logs._claimed, logs._outcome)
+        )
+        seen.append(logs.context())
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    thread.join()
+    assert seen == [None, None, None]  # both receivers answered without an error; still no context
