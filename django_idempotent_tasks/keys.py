@@ -6,7 +6,6 @@ import datetime
 import functools
 import hashlib
 import inspect
-import json
 import re
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
@@ -142,11 +141,6 @@ def missing_key_error(task_name: str) -> MissingIdempotencyKey:
         f"Task {task_name!r} needs an idempotency key: call it with "
         f'idempotency_key="..." or declare idempotency_key="template-{{arg}}" on the task.'
     )
-
-
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no spaces, the form that fingerprints hash."""
-    return json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":"))
 
 
 class _FingerprintEncoder(DjangoJSONEncoder):
