@@ -10,10 +10,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
 from celery.utils.nodenames import host_format
+from django.conf import settings
 from django.db import connection, connections
 
 from django_idempotent_tasks.models import IdempotencyRecord
@@ -185,12 +187,7 @@ class Explorer:
         if fault == "child_kill":
             os.kill(hit["pid"], signal.SIGKILL)
         elif fault == "main_kill":
-            os.kill(self.worker.pid, signal.SIGKILL)
-            kill_group(self.worker.pid)  # its orphaned children die with the group, as in W4
-            assert self.worker.process is not None
-            self.worker.process.wait(timeout=30)
-            self.worker.log_file.close()
-            self._replace_worker()
+            self.kill_main()
         elif fault == "db_kill":
             if hit["backend"] is None:
                 run.applied = False
@@ -208,6 +205,19 @@ class Explorer:
         elif fault == "pause":
             self.pause(run, hit, duplicate)
         run.notes.append(f"{fault} struck pid {hit['pid']} at {hit['boundary']}")
+
+    def kill_main(self) -> None:
+        """W4: SIGKILL the worker's main process and its group; the spare takes the queue over
+        once every process of the group is gone and the broker has seen their connections close."""
+        assert self.worker is not None and self.worker.process is not None
+        killed = self.worker.pid  # also its process group (a session of its own)
+        os.kill(killed, signal.SIGKILL)
+        kill_group(killed)  # its orphaned children die with the group, as in W4
+        self.worker.process.wait(timeout=30)
+        self.worker.log_file.close()
+        wait_for(lambda: not group_alive(killed), timeout=30, what="the killed worker's processes to exit")
+        broker_round_trip()
+        self._replace_worker()
 
     def restart_lock_redis(self, go: str) -> None:
         """R1: the lock Redis dies without persistence and comes back empty; the holder goes on at
@@ -300,6 +310,31 @@ class Spare:
             self._started().stop()
         if self.worker.process is not None:
             kill_group(self.worker.pid)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie has closed its sockets)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def broker_round_trip() -> None:
+    """One round trip to the broker's Redis once every process of a killed worker exited (a pool
+    child forked after the main process connected shares its broker socket). Redis answers it only
+    after handling the events already pending, the closed connections among them; otherwise a
+    BRPOP the dead worker left blocked could take the redelivery sent next and write it to a dead
+    socket: the message is lost and the key never settles."""
+    url = settings.CELERY_BROKER_URL
+    if url.startswith("redis"):
+        client = redis.Redis.from_url(url)
+        try:
+            client.ping()
+        finally:
+            client.close()
 
 
 def terminate(backend: int) -> bool:
