@@ -28,12 +28,18 @@ lint: venv  ## ruff, ruff format --check, mypy --strict, migrations in sync
 	$(BIN)/mypy django_idempotent_tasks tests
 	$(BIN)/python -m django makemigrations --check --dry-run --settings tests.settings --pythonpath .
 
-pytest: venv system-deps  ## the whole test suite with branch coverage >= 95 %
+# What only runs on MySQL/MariaDB or SQLite (the key collation, the database clock's SQL, the
+# connection probe) is measured where it runs: the tests that reach it run again on those two.
+VENDOR_COVERAGE_TESTS := tests/test_exact_keys.py tests/test_lifecycle.py
+
+pytest: venv system-deps  ## the whole suite, then the vendor-specific tests on MariaDB and SQLite: branch coverage >= 98 %
 	@scripts/check_services.sh
 	rm -f .coverage .coverage.*
 	COVERAGE_PROCESS_START=$(CURDIR)/pyproject.toml $(BIN)/coverage run -m pytest $(PYTEST_ARGS)
+	DATABASE_URL=$(MARIADB_URL) $(BIN)/coverage run -m pytest -q --create-db $(VENDOR_COVERAGE_TESTS)
+	DATABASE_URL=$(SQLITE_URL) $(BIN)/coverage run -m pytest -q --create-db $(VENDOR_COVERAGE_TESTS)
 	$(BIN)/coverage combine --quiet
-	$(BIN)/coverage report --fail-under=95
+	$(BIN)/coverage report --fail-under=98
 
 test: lint pytest  ## lint, then the whole suite (what CI runs)
 

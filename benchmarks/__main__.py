@@ -12,7 +12,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "benchmarks.settings")
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    parser.add_argument("--sections", default="overhead,e2e,scale", help="Sections to run (default: all).")
+    parser.add_argument(
+        "--sections",
+        default="overhead,e2e,scale",
+        help="Comma-separated sections to run: overhead, e2e, scale (default: all).",
+    )
     parser.add_argument(
         "--calls", type=int, default=1000, help="Calls per path in section 1 (default: 1000)."
     )
@@ -38,7 +42,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--memory-tasks", type=int, default=3000, help="Tasks run by the measured worker (default: 3000)."
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="Small counts (about a minute per section), for iterating; pick one with --sections.",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.calls, args.tasks, args.work_tasks, args.runs = 300, 300, 150, 1
+        args.records, args.scale_calls, args.purge, args.memory_tasks = "0,100000", 200, 20_000, 1000
     from benchmarks import (
         celery_app,  # noqa: F401  (django.setup() and the tasks)
         e2e,

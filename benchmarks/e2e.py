@@ -150,4 +150,32 @@ def _workload(worker: Worker, work: bool, count: int, runs: int) -> str:
     header = ["system", "messages/s", "× plain (median)", "× plain (range)"]
     if work:
         header += ["useful work/s", "duplicate effects", "units never run"]
-    return report.table(title, header, rows)
+    return report.table(title, header, rows) + "\n" + _targets(results, ratios, work, worker.label)
+
+
+OURS = ("IdempotentTask", "IdempotentTask atomic")
+NAIVE = "naive SET NX + done marker"
+
+
+def _targets(
+    results: dict[str, list[Outcome]], ratios: dict[str, list[float]], work: bool, label: str
+) -> str:
+    """Issue #17's targets for this workload beside the measured figures: met or not met."""
+    rows = []
+    for name in OURS:
+        if work:
+            ours, naive = (report.median([o.units / o.seconds for o in results[n]]) for n in (name, NAIVE))
+            dupes = sum(o.runs - o.covered for o in results[name])
+            ok = ours >= naive and dupes == 0
+            rows.append(
+                (
+                    f"{name}: useful work/s ≥ the naive pattern's, 0 duplicate effects",
+                    f"{ours:,.0f} vs {naive:,.0f} ({ours / naive:.2f}×), {dupes} duplicates",
+                    ok,
+                )
+            )
+        else:
+            ratio = report.median(ratios[name])
+            rows.append((f"{name}: no-op ≥ 0.6× plain", report.ratio(ratio), ratio >= 0.6))
+    cells = [(target, measured, "met" if ok else "not met") for target, measured, ok in rows]
+    return report.table(f"2. Targets ({label})", ["target", "measured", "verdict"], cells)

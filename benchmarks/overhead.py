@@ -37,26 +37,60 @@ def prepare() -> None:
 class Path:
     name: str
     call: Callable[[], object]
-    target: float | None = None
+    target: float | None = None  # p50 at most this many times the floor
+    cpu_budget: float | None = None  # CPU per call at most the floor's CPU plus this many seconds
+    wal_syncs: int | None = None  # WAL flushes per call (pg_stat_wal.wal_sync), exactly
+    # The round trips its target is measured against, when they are not the ones it sends now.
+    floor_trips: RoundTrips | None = None
+
+
+RECONNECT = "new connection (CELERY_DB_REUSE_MAX unset)"
 
 
 def floors() -> list[Path]:
     """The physical floor: one Redis PING, one indexed SELECT, one INSERT + COMMIT (autocommit)."""
-    connection.ensure_connection()
-    raw = connection.connection
     client = lock_client()
     sql = f"SELECT * FROM {RECORDS} WHERE scope = %s AND key = %s"
 
     def select() -> object:
-        with raw.cursor() as cursor:
+        connection.ensure_connection()
+        with connection.connection.cursor() as cursor:
             cursor.execute(sql, [SCOPE, "replay"])
             return cursor.fetchone()
 
     def insert() -> object:
-        with raw.cursor() as cursor:
+        connection.ensure_connection()
+        with connection.connection.cursor() as cursor:
             return cursor.execute("INSERT INTO bench_floor (payload) VALUES (%s)", ["floor"])
 
     return [Path("Redis PING", client.ping), Path("indexed SELECT", select), Path("INSERT + COMMIT", insert)]
+
+
+def reconnect() -> object:
+    """What Celery's Django fixup makes every task pay without CELERY_DB_REUSE_MAX (and with
+    Django's default CONN_MAX_AGE=0): it closes the connection after the task, the next one opens it."""
+    connection.close()
+    connection.ensure_connection()
+    return None
+
+
+def wal_syncs(call: Callable[[], object], windows: int = 15) -> tuple[int, int]:
+    """WAL flushes of one call (min and median over ``windows`` one-call windows), from
+    ``pg_stat_wal.wal_sync``: a cluster-wide counter, so other sessions' flushes can only add."""
+    deltas = []
+    for _ in range(windows):
+        before = _wal_sync()
+        call()
+        deltas.append(_wal_sync() - before)
+    return min(deltas), round(report.median(deltas))
+
+
+def _wal_sync() -> int:
+    # A backend reports its WAL counters at most once a second unless told to flush them now.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+        cursor.execute("SELECT wal_sync FROM pg_stat_wal")
+        return int(cursor.fetchone()[0])
 
 
 def paths() -> list[Path]:
@@ -87,14 +121,20 @@ def paths() -> list[Path]:
         return call
 
     return [
-        Path("replay", lambda: idempotent("replay", False, idempotency_key="replay"), 1.2),
+        Path("replay", lambda: idempotent("replay", False, idempotency_key="replay"), 1.5, wal_syncs=0),
         Path(
-            "first execution", lambda: idempotent("u", False, idempotency_key=f"first-{next(counter)}"), 1.2
+            "first execution",
+            lambda: idempotent("u", False, idempotency_key=f"first-{next(counter)}"),
+            1.4,
+            cpu_budget=300e-6,
         ),
         Path(
             "first execution, atomic",
             lambda: idempotent_atomic("u", False, idempotency_key=f"atomic-{next(counter)}"),
-            1.2,
+            1.4,
+            wal_syncs=1,
+            # Issue #17: claim, body and completion in one commit; SELECT + 1 commit + SET + EVAL.
+            floor_trips=RoundTrips(reads=1, commits=1, redis=["SET", "EVAL"]),
         ),
         Path("lock conflict (Redis lock held)", conflict("conflict-lock")),
         Path("lock conflict (live lease)", conflict("conflict-lease")),
@@ -112,10 +152,33 @@ def sample(call: Callable[[], object], count: int, into: list[float], cpu: list[
         cpu.append((time.process_time() - started) / count)
 
 
+@dataclass
+class Measured:
+    """Everything section 1 measured, by path name."""
+
+    paths: list[Path]
+    p50: dict[str, float]
+    p95: dict[str, float]
+    cpu: dict[str, float]
+    trips: dict[str, RoundTrips]
+    wal: dict[str, tuple[int, int]]
+
+    def floor(self, name: str, quantile: dict[str, float]) -> float:
+        """The sum of a path's own round trips (or its target's), each at ``quantile`` of the same
+        round trip alone."""
+        path = next(path for path in self.paths if path.name == name)
+        counts = path.floor_trips or self.trips[name]
+        return (
+            counts.reads * quantile["indexed SELECT"]
+            + counts.commits * quantile["INSERT + COMMIT"]
+            + len(counts.redis) * quantile["Redis PING"]
+        )
+
+
 def run(calls: int, rounds: int = 10) -> str:
     """Measure floors and paths interleaved in ``rounds`` blocks, so load drifts hit both alike."""
     prepare()
-    measured = [*floors(), *paths()]
+    measured = [*floors(), Path(RECONNECT, reconnect), *paths()]
     samples: dict[str, list[float]] = {path.name: [] for path in measured}
     cpu: dict[str, list[float]] = {path.name: [] for path in measured}
     before = report.load()
@@ -125,79 +188,116 @@ def run(calls: int, rounds: int = 10) -> str:
         for path in measured:
             sample(path.call, max(1, calls // rounds), samples[path.name], cpu[path.name])
     after = report.load()
+    ours = measured[4:]
     trips: dict[str, RoundTrips] = {}
-    for path in measured[3:]:
+    for path in ours:
         with counting() as counts:
             path.call()
         trips[path.name] = counts
-    cpu_per_call = {name: report.median(values) for name, values in cpu.items()}
-    return _tables(measured, samples, cpu_per_call, trips, calls, f"{before} before, {after} after")
+    wal = {path.name: wal_syncs(path.call) for path in ours if path.wal_syncs is not None}
+    result = Measured(
+        measured,
+        {name: report.percentile(values, 0.5) for name, values in samples.items()},
+        {name: report.percentile(values, 0.95) for name, values in samples.items()},
+        {name: report.median(values) for name, values in cpu.items()},
+        trips,
+        wal,
+    )
+    load = f"{before} before, {after} after"
+    return "\n".join([_floor_table(result, calls, load), _paths_table(result), targets(result)])
 
 
-def _tables(
-    measured: list[Path],
-    samples: dict[str, list[float]],
-    cpu: dict[str, float],
-    trips: dict[str, RoundTrips],
-    calls: int,
-    load: str,
-) -> str:
-    p50 = {name: report.percentile(values, 0.5) for name, values in samples.items()}
-    p95 = {name: report.percentile(values, 0.95) for name, values in samples.items()}
-    floor_rows = [
-        (p.name, report.us(p50[p.name]), report.us(p95[p.name]), report.us(cpu[p.name])) for p in measured[:3]
+def _floor_table(m: Measured, calls: int, load: str) -> str:
+    rows = [
+        (p.name, report.us(m.p50[p.name]), report.us(m.p95[p.name]), report.us(m.cpu[p.name]))
+        for p in m.paths[:4]
     ]
+    first = m.p50["first execution"]
+    return report.table(
+        f"1a. Physical floor ({calls} calls each, {load})",
+        ["round trip", "p50", "p95", "CPU/call"],
+        rows,
+        note=f"The last row is what every task pays on top when Celery's Django fixup closes the "
+        f"connection after each task (CELERY_DB_REUSE_MAX unset, CONN_MAX_AGE=0): "
+        f"{m.p50[RECONNECT] / first:.1f}× a first execution's p50 (check {_W010}).",
+    )
+
+
+_W010 = "django_idempotent_tasks.W010"
+
+
+def _paths_table(m: Measured) -> str:
     rows = []
-    for path in measured[3:]:
-        counts = trips[path.name]
-
-        def floor(quantile: dict[str, float], counts: RoundTrips = counts) -> float:
-            return (
-                counts.reads * quantile["indexed SELECT"]
-                + counts.commits * quantile["INSERT + COMMIT"]
-                + len(counts.redis) * quantile["Redis PING"]
-            )
-
-        ratio50, ratio95 = p50[path.name] / floor(p50), p95[path.name] / floor(p95)
-        verdict = "" if path.target is None else ("met" if ratio50 <= path.target else "missed")
+    for path in m.paths[4:]:
+        name = path.name
+        wal = m.wal.get(name)
         rows.append(
             (
-                path.name,
-                report.us(p50[path.name]),
-                report.us(p95[path.name]),
-                counts.describe(),
-                report.us(floor(p50)),
-                report.us(cpu[path.name]),
-                report.ratio(ratio50),
-                report.ratio(ratio95),
-                f"≤ {path.target}× {verdict}" if path.target else "",
+                name,
+                report.us(m.p50[name]),
+                report.us(m.p95[name]),
+                m.trips[name].describe(),
+                report.us(m.floor(name, m.p50)),
+                report.us(m.cpu[name]),
+                report.ratio(m.p50[name] / m.floor(name, m.p50)),
+                report.ratio(m.p95[name] / m.floor(name, m.p95)),
+                "" if wal is None else f"{wal[1]} (min {wal[0]})",
             )
         )
-    return (
-        report.table(
-            f"1a. Physical floor ({calls} calls each, {load})",
-            ["round trip", "p50", "p95", "CPU/call"],
-            floor_rows,
-        )
-        + "\n"
-        + report.table(
-            "1b. Our paths against the sum of their own round trips",
-            [
-                "path",
-                "p50",
-                "p95",
-                "round trips",
-                "floor p50",
-                "CPU/call",
-                "×floor p50",
-                "×floor p95",
-                "target",
-            ],
-            rows,
-            note="The floor of a path is the sum of its measured round trips (reads at the SELECT floor, "
-            "commits at the INSERT + COMMIT floor, Redis commands at the PING floor). Direct calls "
-            "(`task(...)`), which run IdempotentTask.__call__ exactly as a worker does. CPU/call is the "
-            "process time of the calls (every thread), the part of the wall time spent in Python rather "
-            "than waiting for a server.",
+    header = ["path", "p50", "p95", "round trips", "floor p50", "CPU/call", "×floor p50", "×floor p95"]
+    return report.table(
+        "1b. Our paths against the sum of their own round trips",
+        [*header, "WAL syncs/call"],
+        rows,
+        note="The floor of a path is the sum of its measured round trips (reads at the SELECT floor, "
+        "commits at the INSERT + COMMIT floor, Redis commands at the PING floor). Direct calls "
+        "(`task(...)`), which run IdempotentTask.__call__ exactly as a worker does. CPU/call is the "
+        "process time of the calls (every thread), the part of the wall time spent in Python rather "
+        "than waiting for a server. The atomic path's floor is its target's round trips (1 PG "
+        "read + 1 commit + 2 Redis: claim, body and completion in one commit), not the ones it "
+        "sends today. WAL syncs/call: pg_stat_wal.wal_sync around one call, median "
+        "(and minimum) of 15 calls; the counter is the whole server's, so other sessions only add.",
+    )
+
+
+def _floor_cpu(m: Measured, name: str) -> float:
+    return m.floor(name, m.cpu)
+
+
+def targets(m: Measured) -> str:
+    """Each target of issue #17 for section 1 beside its measured value: met or not met."""
+    rows: list[tuple[str, str, str]] = []
+    for path in m.paths[4:]:
+        name = path.name
+        if path.target is not None:
+            ratio = m.p50[name] / m.floor(name, m.p50)
+            rows.append(
+                (f"{name}: p50 ≤ {path.target}× its floor", report.ratio(ratio), _met(ratio <= path.target))
+            )
+        if path.cpu_budget is not None:
+            budget = _floor_cpu(m, name) + path.cpu_budget
+            rows.append(
+                (
+                    f"{name}: CPU ≤ its floor's CPU + {path.cpu_budget * 1e6:.0f} µs",
+                    f"{report.us(m.cpu[name])} vs {report.us(budget)}",
+                    _met(m.cpu[name] <= budget),
+                )
+            )
+        if path.wal_syncs is not None:
+            syncs = m.wal[name][1]
+            rows.append(
+                (f"{name}: WAL syncs per call = {path.wal_syncs}", str(syncs), _met(syncs <= path.wal_syncs))
+            )
+    trips = m.trips["replay"]
+    rows.append(
+        (
+            "replay: 1 SELECT, no Redis, no write",
+            trips.describe(),
+            _met(trips.database == 1 and trips.commits == 0 and not trips.redis),
         )
     )
+    return report.table("1c. Targets (issue #17)", ["target", "measured", "verdict"], rows)
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"

@@ -10,6 +10,16 @@ class IdempotentTasksConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from django_idempotent_tasks import checks
+        from django.core.checks import Tags, register
 
-        checks.register()
+        from django_idempotent_tasks import celery_checks, checks
+
+        tag = checks.TAG
+        register(checks.check_settings, tag)
+        register(checks.check_lock_cache, tag, Tags.caches)
+        register(checks.check_lock_eviction, tag, Tags.caches, deploy=True)
+        register(celery_checks.check_celery_app, tag)
+        register(checks.check_record_databases, tag, Tags.database)
+        register(checks.check_key_collation, tag, Tags.database)
+        register(celery_checks.check_purge_scheduled, tag, deploy=True)
+        register(celery_checks.check_db_reuse, tag, deploy=True)

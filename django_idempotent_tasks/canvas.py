@@ -8,7 +8,8 @@ from typing import Any
 
 from celery import canvas
 
-from django_idempotent_tasks import keys
+from django_idempotent_tasks import compat, keys
+from django_idempotent_tasks.options import is_idempotent
 
 KEY_ARGUMENT = "idempotency_key"
 PER_TASK_OPTIONS = frozenset(
@@ -44,7 +45,7 @@ def _members(signature: Any, partial: bool) -> Iterator[tuple[Any, bool]]:
         for member in signature:
             yield from _members(member, partial)
         return
-    if isinstance(signature, canvas._chain):
+    if isinstance(signature, compat.CHAIN):
         for index, member in enumerate(signature.tasks):
             yield from _members(member, partial or index > 0)
     elif isinstance(signature, canvas.group):
@@ -61,11 +62,9 @@ def _members(signature: Any, partial: bool) -> Iterator[tuple[Any, bool]]:
 
 def check(signature: Any, partial: bool = False) -> None:
     """Raise the caller's error of the first idempotent member that a worker would refuse."""
-    from django_idempotent_tasks.tasks import IdempotentTask  # tasks imports this module
-
     for member, gets_result in _members(signature, partial):
         task = member.app.tasks.get(member.task)
-        if isinstance(task, IdempotentTask):
+        if is_idempotent(task):
             check_member(task, member.args, member.kwargs, member.options, partial=gets_result)
 
 
@@ -107,6 +106,6 @@ def install() -> None:
     """Make chain, group and chord check their idempotent members before sending the first one."""
     # Celery sends a group's members one by one and a chain's later links from the worker, so a
     # bad member is only seen after others went out; checking the whole canvas first needs this hook.
-    for kind in (canvas._chain, canvas.group, canvas.chord):
+    for kind in (compat.CHAIN, canvas.group, canvas.chord):
         if not getattr(kind.apply_async, "__idempotency_checked__", False):
             kind.apply_async = _checked(kind.apply_async)  # type: ignore[method-assign]

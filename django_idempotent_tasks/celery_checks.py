@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from celery import _state
 from django.apps import apps as django_apps
 from django.core import checks
 from django.db import DatabaseError
 from django.utils.module_loading import autodiscover_modules
 
+from django_idempotent_tasks import compat, options
 from django_idempotent_tasks.checks import PREFIX, lock_cache
 
 PICKLE = {"pickle", "application/x-python-serialize"}
@@ -27,23 +27,20 @@ _BROKER_NAMES = {"sentinel": "Redis Sentinel", "sqs": "SQS"}
 
 def find_app() -> Any:
     """Celery's current app, else the one app holding idempotent tasks, else the only app; or None."""
-    current = getattr(_state._tls, "current_app", None) or _state.default_app  # type: ignore[attr-defined]
+    current = compat.current_app()
     if current is not None:
         return current
-    apps = list(_state._get_active_apps())  # type: ignore[attr-defined]
-    bound = {task.app for app in apps for task in idempotent_tasks(app, finalize=False)}
+    bound = options.apps_with_bound_tasks()
     if len(bound) == 1:
         return bound.pop()
+    apps = compat.active_apps()
     return apps[0] if len(apps) == 1 else None
 
 
-def idempotent_tasks(app: Any, finalize: bool = True) -> list[Any]:
-    """The idempotent tasks registered on ``app``, by name."""
-    # Only user code imports tasks; by now autodiscover_modules has imported it like any tasks module.
-    from django_idempotent_tasks.tasks import IdempotentTask
-
-    registry = app.tasks if finalize and (app.finalized or app.autofinalize) else app._tasks
-    return sorted((t for t in registry.values() if isinstance(t, IdempotentTask)), key=lambda t: t.name)
+def idempotent_tasks(app: Any) -> list[Any]:
+    """The idempotent tasks bound to ``app``, by name."""
+    registry = compat.registered_tasks(app)
+    return [registry[name] for name in options.bound_tasks(app) if name in registry]
 
 
 def check_celery_app(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -243,3 +240,22 @@ def _in_beat_database() -> bool:
         return bool(periodic_task.objects.filter(task=PURGE_TASK, enabled=True).exists())
     except DatabaseError:  # not migrated yet: nothing is scheduled there
         return False
+
+
+def check_db_reuse(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W010 (deploy): without CELERY_DB_REUSE_MAX, Celery reconnects to the database for every task."""
+    app = find_app()
+    if app is None or app.conf.get("CELERY_DB_REUSE_MAX"):
+        return []
+    return [
+        checks.Warning(
+            "CELERY_DB_REUSE_MAX is not set: Celery's Django fix-up closes the database connections "
+            "before and after every task (Celery 5.7 whatever CONN_MAX_AGE says), so every idempotent "
+            "task opens a new connection before its first query, which costs more than the task's "
+            "own round trips (make bench prints how much).",
+            hint="Set CELERY_DB_REUSE_MAX = 1000 in the settings your Celery app reads (Celery then "
+            "closes connections every 1000 tasks), with CONN_MAX_AGE and a task_prerun receiver "
+            "calling close_old_connections() to drop broken ones (docs/scale.md, PostgreSQL connections).",
+            id=f"{PREFIX}.W010",
+        )
+    ]

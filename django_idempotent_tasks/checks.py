@@ -1,4 +1,5 @@
-"""System checks for settings that break the guarantee (``manage.py check``)."""
+"""System checks for settings that break the guarantee (``manage.py check``), in ID order; the
+Celery app's are in celery_checks, and apps.py registers both."""
 
 from __future__ import annotations
 
@@ -17,18 +18,6 @@ PREFIX = "django_idempotent_tasks"
 TAG = "django_idempotent_tasks"
 
 
-def register() -> None:
-    from django_idempotent_tasks import celery_checks
-
-    checks.register(check_settings, TAG)
-    checks.register(check_lock_cache, TAG, checks.Tags.caches)
-    checks.register(check_lock_eviction, TAG, checks.Tags.caches, deploy=True)
-    checks.register(celery_checks.check_celery_app, TAG)
-    checks.register(check_record_databases, TAG, checks.Tags.database)
-    checks.register(check_key_collation, TAG, checks.Tags.database)
-    checks.register(celery_checks.check_purge_scheduled, TAG, deploy=True)
-
-
 def lock_cache() -> tuple[str, dict[str, Any]] | None:
     """The alias and settings of the lock cache, if it is a valid django-redis cache."""
     try:
@@ -39,15 +28,6 @@ def lock_cache() -> tuple[str, dict[str, Any]] | None:
     if not str(cache.get("BACKEND", "")).startswith("django_redis."):
         return None
     return alias, cache
-
-
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E002: every IDEMPOTENT_TASKS_* setting has the right type and range."""
-    try:
-        conf.validate()
-    except ImproperlyConfigured as exc:
-        return [checks.Error(str(exc), hint="Fix the setting in settings.py.", id=f"{PREFIX}.E002")]
-    return []
 
 
 def check_lock_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -88,6 +68,66 @@ def check_lock_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
             )
         ]
     return []
+
+
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E002: every IDEMPOTENT_TASKS_* setting has the right type and range."""
+    try:
+        conf.validate()
+    except ImproperlyConfigured as exc:
+        return [checks.Error(str(exc), hint="Fix the setting in settings.py.", id=f"{PREFIX}.E002")]
+    return []
+
+
+_FOLDED_PAIRS = (("a", "A"), ("e", "\u00e9"), ("a", "a "))
+
+
+def check_key_collation(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """E004: on MySQL/MariaDB, the scope or key column has a collation that folds distinct keys."""
+    from django_idempotent_tasks.models import IdempotencyRecord
+
+    alias = router.db_for_write(IdempotencyRecord)
+    if not databases or alias not in databases or connections[alias].vendor != "mysql":
+        return []
+    table = IdempotencyRecord._meta.db_table
+    with connections[alias].cursor() as cursor:
+        cursor.execute(
+            "SELECT COLUMN_NAME, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
+            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME IN ('scope', 'key') "
+            "ORDER BY COLUMN_NAME DESC",
+            [table],
+        )
+        columns = cursor.fetchall()
+        folding = [
+            (column, collation)
+            for column, charset, collation in columns
+            if _folds(cursor, charset, collation)
+        ]
+    return [
+        checks.Error(
+            f"The {column!r} column of {table} (database {alias!r}) has the collation {collation}, which "
+            "treats keys differing only in case, accents or trailing spaces as one key: one task's key "
+            "would replay or refuse another's.",
+            hint="Run the migrations of django_idempotent_tasks (0002 sets a binary NO PAD collation), "
+            "or ALTER the column back to utf8mb4_nopad_bin (MariaDB) or utf8mb4_0900_bin (MySQL).",
+            id=f"{PREFIX}.E004",
+        )
+        for column, collation in folding
+    ]
+
+
+def _folds(cursor: Any, charset: str, collation: str) -> bool:
+    # Ask the server rather than read the name: utf8mb4_bin is binary yet pads trailing spaces.
+    if not re.fullmatch(r"\w+", charset) or not re.fullmatch(r"\w+", collation):
+        return True
+    same = " OR ".join(
+        f"CONVERT(%s USING {charset}) COLLATE {collation} = CONVERT(%s USING {charset})"
+        for _ in _FOLDED_PAIRS
+    )
+    cursor.execute(f"SELECT {same}", [value for pair in _FOLDED_PAIRS for value in pair])
+    return bool(cursor.fetchone()[0])
 
 
 def check_lock_eviction(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
@@ -146,52 +186,3 @@ def check_record_databases(app_configs: Any = None, **kwargs: Any) -> list[check
 
 
 # Three pairs that an exact comparison tells apart and a folding collation does not.
-_FOLDED_PAIRS = (("a", "A"), ("e", "\u00e9"), ("a", "a "))
-
-
-def check_key_collation(
-    app_configs: Any = None, databases: Any = None, **kwargs: Any
-) -> list[checks.CheckMessage]:
-    """E004: on MySQL/MariaDB, the scope or key column has a collation that folds distinct keys."""
-    from django_idempotent_tasks.models import IdempotencyRecord
-
-    alias = router.db_for_write(IdempotencyRecord)
-    if not databases or alias not in databases or connections[alias].vendor != "mysql":
-        return []
-    table = IdempotencyRecord._meta.db_table
-    with connections[alias].cursor() as cursor:
-        cursor.execute(
-            "SELECT COLUMN_NAME, CHARACTER_SET_NAME, COLLATION_NAME FROM information_schema.COLUMNS "
-            "WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = %s AND COLUMN_NAME IN ('scope', 'key') "
-            "ORDER BY COLUMN_NAME DESC",
-            [table],
-        )
-        columns = cursor.fetchall()
-        folding = [
-            (column, collation)
-            for column, charset, collation in columns
-            if _folds(cursor, charset, collation)
-        ]
-    return [
-        checks.Error(
-            f"The {column!r} column of {table} (database {alias!r}) has the collation {collation}, which "
-            "treats keys differing only in case, accents or trailing spaces as one key: one task's key "
-            "would replay or refuse another's.",
-            hint="Run the migrations of django_idempotent_tasks (0002 sets a binary NO PAD collation), "
-            "or ALTER the column back to utf8mb4_nopad_bin (MariaDB) or utf8mb4_0900_bin (MySQL).",
-            id=f"{PREFIX}.E004",
-        )
-        for column, collation in folding
-    ]
-
-
-def _folds(cursor: Any, charset: str, collation: str) -> bool:
-    # Ask the server rather than read the name: utf8mb4_bin is binary yet pads trailing spaces.
-    if not re.fullmatch(r"\w+", charset) or not re.fullmatch(r"\w+", collation):
-        return True
-    same = " OR ".join(
-        f"CONVERT(%s USING {charset}) COLLATE {collation} = CONVERT(%s USING {charset})"
-        for _ in _FOLDED_PAIRS
-    )
-    cursor.execute(f"SELECT {same}", [value for pair in _FOLDED_PAIRS for value in pair])
-    return bool(cursor.fetchone()[0])

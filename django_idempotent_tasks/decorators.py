@@ -7,16 +7,19 @@ import inspect
 import string
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NoReturn, TypeVar, overload
+from typing import Any, TypeVar, overload
 
 from django_idempotent_tasks import django_tasks, keys
 from django_idempotent_tasks.conf import conf
 from django_idempotent_tasks.delivery import Body, Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress
+from django_idempotent_tasks.options import check_options
+from django_idempotent_tasks.outcomes import Busy, Requeue
 
 R = TypeVar("R")
 KEY_ARGUMENT = "idempotency_key"
 ON_CONFLICT_CHOICES = ("wait", "raise")
+NO_RETRY = '"wait" or "raise" (there is no broker to re-queue to, so no "retry")'
 
 
 @dataclass(frozen=True)
@@ -63,11 +66,11 @@ class IdempotentFunction:
             scope=self.scope,
             fingerprint=fingerprint,
             task_id="",
-            lock_ttl=self.lock_ttl or conf.LOCK_TTL,
-            record_ttl=self.record_ttl or conf.RECORD_TTL,
+            lock_ttl=conf.LOCK_TTL if self.lock_ttl is None else self.lock_ttl,
+            record_ttl=conf.RECORD_TTL if self.record_ttl is None else self.record_ttl,
             on_conflict=self.on_conflict,
             atomic=self.atomic,
-            max_attempts=self.max_attempts or conf.MAX_ATTEMPTS,
+            max_attempts=conf.MAX_ATTEMPTS if self.max_attempts is None else self.max_attempts,
             max_result_bytes=conf.MAX_RESULT_BYTES,
             eager=True,  # no broker: a conflict waits or raises, and Redis trouble falls back to the lease
         )
@@ -81,11 +84,12 @@ class IdempotentFunction:
 
 def run(delivery: Delivery, body: Body) -> Any:
     """Deliver one call of an ``@idempotent`` function (the one place that calls ``deliver``)."""
-    return deliver(delivery, body, _never_requeued)
-
-
-def _never_requeued() -> NoReturn:  # pragma: no cover - eager deliveries wait or raise instead
-    raise AssertionError("An @idempotent call has no broker to be re-queued to.")
+    outcome = deliver(delivery, body)
+    if isinstance(outcome, Busy):  # an eager delivery waits or raises, never re-queues
+        raise TaskInProgress(outcome.message)
+    if isinstance(outcome, Requeue):  # pragma: no cover - an eager delivery raises instead
+        raise AssertionError(f"An @idempotent call has no broker to be re-queued to: {outcome.reason}.")
+    return outcome.value
 
 
 @overload
@@ -187,27 +191,9 @@ def _dotted_path(func: Any) -> str:
 
 
 def _check_options(name: str, func: Any, options: Mapping[str, Any]) -> None:
-    def bad(option: str, expected: str) -> NoReturn:
-        raise IdempotencyConfigurationError(
-            f"@idempotent on {name}: {option} must be {expected}, got {options[option]!r}."
-        )
-
-    for option in ("lock_ttl", "record_ttl", "max_attempts"):
-        value = options[option]
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
-            bad(option, "a positive int or None (use the setting)")
-    if not isinstance(options["atomic"], bool):
-        bad("atomic", "True or False")
-    if options["on_conflict"] not in ON_CONFLICT_CHOICES:
-        bad("on_conflict", '"wait" or "raise" (there is no broker to re-queue to, so no "retry")')
-    scope = options["scope"]
-    if scope is not None and (not isinstance(scope, str) or not scope.strip() or len(scope) > 255):
-        bad("scope", "a non-empty str of at most 255 characters")
-    key = options["key"]
-    if key is not None and not callable(key):
-        if not isinstance(key, str) or not key.strip():
-            bad("key", "a str.format template, a callable or None (the caller passes idempotency_key=)")
-        _check_template(name, func, key)
+    check_options(f"@idempotent on {name}", options, ON_CONFLICT_CHOICES, NO_RETRY)
+    if isinstance(options["key"], str):
+        _check_template(name, func, options["key"])
 
 
 def _check_template(name: str, func: Any, template: str) -> None:

@@ -9,22 +9,18 @@ import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
 from django_idempotent_tasks import keys, logs, signals, store
-from django_idempotent_tasks.exceptions import (
-    AttemptsExhausted,
-    IdempotencyKeyMismatch,
-    LeaseLost,
-    TaskInProgress,
-)
+from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyKeyMismatch, LeaseLost
 from django_idempotent_tasks.heartbeat import Heartbeat, held_write, renew
 from django_idempotent_tasks.idempotency import Idempotency, running
 from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
 from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.outcomes import Busy, Completed, Outcome, Replayed, Requeue
 from django_idempotent_tasks.values import UnstorableValue
 
 logger = logging.getLogger("django_idempotent_tasks")
@@ -59,7 +55,7 @@ class Delivery:
         signal.send(sender=self.sender, key=self.key, scope=self.scope, **kwargs)
 
 
-class Busy(Exception):
+class Held(Exception):
     """Another delivery holds the key (its Redis lock or its live lease)."""
 
 
@@ -67,101 +63,103 @@ class LockUnavailable(Exception):
     """Redis could not be asked for the lock."""
 
 
-def deliver(delivery: Delivery, body: Body, requeue: Callable[[], NoReturn]) -> Any:
-    """Run ``body`` at most once concurrently per key and return the (stored) result."""
+def deliver(delivery: Delivery, body: Body) -> Outcome:
+    """Run ``body`` at most once concurrently per key; say what happened, or raise the body's error."""
     logs.begin(delivery)
     deadline: float | None = None
     pause = 0.05
     while True:
         try:
             return attempt(delivery, body)
-        except Busy:
-            action = "wait" if delivery.eager and delivery.on_conflict == "retry" else delivery.on_conflict
-            delivery.send(signals.lock_conflict, action=action)
+        except Held:
+            action = conflict_action(delivery)
         except LockUnavailable:
-            requeue()
+            return Requeue("Redis could not be asked for the lock")
         except (OperationalError, InterfaceError) as exc:
-            if exc is _body_error.get():
-                raise  # the body's own error (deadlock, lock timeout): its retry policy decides
-            # The connection broke (backend terminated, server restarted): whatever ran under it
-            # rolled back, so send the delivery again instead of acking it as a failure. Close the
-            # broken connection, or every later task of this process would fail on it too.
-            logger.warning("%s lost its database connection: %r; sending it again.", delivery.label, exc)
-            with contextlib.suppress(DatabaseError):
-                connections[store.database()].close()
-            if delivery.eager:
-                raise
-            requeue()
+            return connection_lost(delivery, exc)
         logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
-        if action == "raise":
-            raise TaskInProgress(f"{delivery.label} is being executed by another delivery.")
-        if action == "retry":
-            requeue()
+        if action != "wait":
+            return Busy(action, f"{delivery.label} is being executed by another delivery.")
         deadline = deadline or time.monotonic() + delivery.lock_ttl
         if time.monotonic() > deadline:
-            raise TaskInProgress(
-                f"{delivery.label} was still held by another delivery after waiting {delivery.lock_ttl} s."
-            )
+            waited = f"after waiting {delivery.lock_ttl} s"
+            return Busy("wait", f"{delivery.label} was still held by another delivery {waited}.")
         time.sleep(pause)
         pause = min(pause * 2, 0.5)
 
 
-def attempt(delivery: Delivery, body: Body) -> Any:
-    """One pass of the lifecycle; raises Busy when another delivery holds the key."""
+def conflict_action(delivery: Delivery) -> str:
+    """The on_conflict action for a held key (an eager call has no broker: it waits), signalled."""
+    action = "wait" if delivery.eager and delivery.on_conflict == "retry" else delivery.on_conflict
+    delivery.send(signals.lock_conflict, action=action)
+    return action
+
+
+def connection_lost(delivery: Delivery, exc: OperationalError | InterfaceError) -> Requeue:
+    """A broken database connection: re-queue the delivery (an eager call raises), or the body's own error."""
+    if exc is _body_error.get():
+        raise exc  # the body's own error (deadlock, lock timeout): its retry policy decides
+    # The connection broke (backend terminated, server restarted): whatever ran under it rolled
+    # back, so send the delivery again instead of acking it as a failure. Close the broken
+    # connection, or every later task of this process would fail on it too.
+    logger.warning("%s lost its database connection: %r; sending it again.", delivery.label, exc)
+    with contextlib.suppress(DatabaseError):
+        connections[store.database()].close()
+    if delivery.eager:
+        raise exc
+    return Requeue("the database connection was lost")
+
+
+def attempt(delivery: Delivery, body: Body) -> Replayed | Completed:
+    """One pass of the lifecycle; raises Held when another delivery holds the key."""
     record = store.lookup(delivery.scope, delivery.key)
     if record is not None:
-        answer = settled(delivery, record)
-        if answer is not None:
-            return answer[0]
+        replayed = settled(delivery, record)
+        if replayed is not None:
+            return replayed
     lock = RedisLock(lock_client(), keys.lock_name(delivery.scope, delivery.key), delivery.lock_ttl)
     held = acquire(delivery, lock)
     try:
-        claim = (
-            store.take_over(
-                record,
-                task_id=delivery.task_id,
-                worker=worker_identity(),
-                lease_seconds=delivery.lock_ttl,
-                record_ttl=delivery.record_ttl,
-            )
-            if record is not None
-            else store.insert(
-                delivery.scope,
-                delivery.key,
-                task_name=delivery.task_name,
-                fingerprint=delivery.fingerprint,
-                task_id=delivery.task_id,
-                worker=worker_identity(),
-                lease_seconds=delivery.lock_ttl,
-                record_ttl=delivery.record_ttl,
-            )
-        )
+        claim = claim_record(delivery, record)
         if claim is None:
-            raise Busy
+            raise Held
         return run_claimed(delivery, claim, body, lock if held else None)
     finally:
         if held:
             release(delivery, lock)
 
 
-def settled(delivery: Delivery, record: IdempotencyRecord) -> tuple[Any] | None:
+def claim_record(delivery: Delivery, record: store.Snapshot | None) -> store.Claim | None:
+    """Insert the key IN_PROGRESS or take its record over; None while another lease is live."""
+    lease: dict[str, Any] = {"task_id": delivery.task_id, "worker": worker_identity()}
+    lease.update(lease_seconds=delivery.lock_ttl, record_ttl=delivery.record_ttl)
+    if record is not None:
+        return store.take_over(record, **lease)
+    key, task_name, fingerprint = delivery.key, delivery.task_name, delivery.fingerprint
+    return store.insert(delivery.scope, key, task_name=task_name, fingerprint=fingerprint, **lease)
+
+
+def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
     """The answer an existing record gives without running the body, or None to go on."""
     if record.fingerprint != delivery.fingerprint:
-        logger.error("%s was sent again with different arguments; not executed.", delivery.label)
+        outcome = {"idempotency_outcome": "mismatch"}
+        logger.error(
+            "%s was sent again with different arguments; not executed.", delivery.label, extra=outcome
+        )
         raise IdempotencyKeyMismatch(
             f"The idempotency key {keys.loggable(delivery.key)!r} of {delivery.task_name!r} was used "
             "before with different arguments. Use a new key for new work."
         )
     if record.status == Status.SUCCEEDED:
+        delivery.send(signals.task_replayed)  # first: it sets the outcome the log line carries
         logger.info("%s already succeeded; replaying the stored result.", delivery.label)
-        delivery.send(signals.task_replayed)
-        return (record.result,)
+        return Replayed(record.result)
     # Whether a lease is live is decided by the claim's SQL on the database clock, not here.
     if store.is_exhausted(record, delivery.max_attempts):
         if not store.exhaust(record, delivery.max_attempts):
-            raise Busy  # its last attempt is still running
-        logger.error("%s used up its %d attempts; failed for good.", delivery.label, record.attempts)
+            raise Held  # its last attempt is still running
         delivery.send(signals.attempts_exhausted, attempts=record.attempts)
+        logger.error("%s used up its %d attempts; failed for good.", delivery.label, record.attempts)
         raise AttemptsExhausted(
             f"{delivery.label} failed for good after {record.attempts} attempts "
             f"(max_attempts={delivery.max_attempts}). Last error: {(record.error or {}).get('message', '')}"
@@ -170,7 +168,7 @@ def settled(delivery: Delivery, record: IdempotencyRecord) -> tuple[Any] | None:
 
 
 def acquire(delivery: Delivery, lock: RedisLock) -> bool:
-    """Take the Redis lock (True); raises Busy if another delivery has it.
+    """Take the Redis lock (True); raises Held if another delivery has it.
 
     When Redis cannot be asked, a worker re-queues the delivery; an eager call has nobody to
     re-queue it and goes on under the database lease alone (False).
@@ -183,7 +181,7 @@ def acquire(delivery: Delivery, lock: RedisLock) -> bool:
         if delivery.eager:
             return False
         raise LockUnavailable from exc
-    raise Busy
+    raise Held
 
 
 def release(delivery: Delivery, lock: RedisLock) -> None:
@@ -194,7 +192,9 @@ def release(delivery: Delivery, lock: RedisLock) -> None:
         logger.warning("%s could not release its Redis lock: %r.", delivery.label, exc)
 
 
-def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisLock | None) -> Any:
+def run_claimed(
+    delivery: Delivery, claim: store.Claim, body: Body, lock: RedisLock | None
+) -> Replayed | Completed:
     """Run the body under a claimed lease, renewed in the background, and store the outcome."""
     delivery.send(signals.task_claimed, fence=claim.fence, attempt=claim.attempt, recovered=claim.recovered)
     if claim.recovered:
@@ -210,8 +210,8 @@ def run_claimed(delivery: Delivery, claim: store.Claim, body: Body, lock: RedisL
     try:
         if delivery.atomic:
             with transaction.atomic(using=store.database()):
-                return finish(delivery, claim, call_body(body, idempotency), heartbeat)
-        return finish(delivery, claim, call_body(body, idempotency), heartbeat)
+                return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
+        return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
     except LeaseLost:
         return lease_lost(delivery, claim)
     except BaseException as exc:
@@ -256,8 +256,8 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
             problem = f"The database refused the result: {exc!r}"
     if problem is not None:
         stored = None
-        logger.error("%s succeeded but its result cannot be stored: %s", delivery.label, problem)
         delivery.send(signals.result_unstorable, reason=problem)
+        logger.error("%s succeeded but its result cannot be stored: %s", delivery.label, problem)
         error = store.error_shape("UnstorableResult", problem)
         done = held_write(
             delivery, heartbeat, lambda: store.complete(claim, None, error, delivery.record_ttl)
@@ -275,16 +275,16 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
     return stored
 
 
-def lease_lost(delivery: Delivery, claim: store.Claim) -> Any:
+def lease_lost(delivery: Delivery, claim: store.Claim) -> Replayed:
     """A newer holder took over: answer with its result, or treat it as a conflict."""
-    logger.warning("%s lost its lease (fence %d); its completion was refused.", delivery.label, claim.fence)
     delivery.send(signals.lease_lost, fence=claim.fence)
+    logger.warning("%s lost its lease (fence %d); its completion was refused.", delivery.label, claim.fence)
     record = store.lookup(delivery.scope, delivery.key)
     if record is not None and record.status == Status.SUCCEEDED:
-        return record.result
+        return Replayed(record.result)
     if delivery.on_conflict == "raise":
         raise LeaseLost(f"{delivery.label} lost its lease (fence {claim.fence}) to another delivery.")
-    raise Busy
+    raise Held
 
 
 def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException, heartbeat: Heartbeat) -> None:
@@ -294,7 +294,7 @@ def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException, h
     for_good = delivery.max_attempts if isinstance(cause, UnstorableValue) else None
     error = store.describe_error(cause)
     if held_write(delivery, heartbeat, lambda: store.fail(claim, error, for_good_after=for_good)):
-        logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)
         delivery.send(signals.task_failed, fence=claim.fence, exc=cause)
+        logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)
     else:
         logger.warning("%s failed with %r after losing its lease.", delivery.label, cause)

@@ -71,17 +71,27 @@ class _Scheduler:
             if self.pid != os.getpid():  # first use in this process (or a forked child): no thread yet
                 self.pid, self.due = os.getpid(), []
                 threading.Thread(target=self.run, name="idempotency-scheduler", daemon=True).start()
-            heapq.heappush(self.due, (time.monotonic() + heartbeat.interval, next(self.order), heartbeat))
-            self.condition.notify()
+            entry = (time.monotonic() + heartbeat.interval, next(self.order), heartbeat)
+            heapq.heappush(self.due, entry)
+            # Wake the scheduler only if it must start this one before the one it waits for: waking
+            # it for every delivery cost more CPU than the delivery's round trips.
+            if self.due[0] is entry:
+                self.condition.notify()
 
     def run(self) -> None:
         while True:
             with self.condition:
                 while not self.due or self.due[0][0] > time.monotonic():
                     self.condition.wait(self.due[0][0] - time.monotonic() if self.due else None)
-                heartbeat = heapq.heappop(self.due)[2]
-            if not heartbeat.stopping.is_set():
-                heartbeat.start()
+                # Everything due within a tenth of the first one's interval, in one wake-up: a beat
+                # started that much early renews early, which is harmless (its lease is 3 intervals).
+                until = time.monotonic() + self.due[0][2].interval / 10
+                ready = []
+                while self.due and self.due[0][0] <= until:
+                    ready.append(heapq.heappop(self.due)[2])
+            for heartbeat in ready:
+                if not heartbeat.stopping.is_set():
+                    heartbeat.start()
 
 
 _scheduler = _Scheduler()
@@ -121,8 +131,8 @@ def renew(delivery: Delivery, claim: store.Claim, lock: RedisLock | None, heartb
     if renewed is False:
         heartbeat.lost.set()
         if not heartbeat.completing.is_set():  # else our own completion (or failure) has landed
-            logger.warning("%s lost its lease (fence %d) while running.", delivery.label, claim.fence)
             delivery.send(signals.lease_lost, fence=claim.fence)
+            logger.warning("%s lost its lease (fence %d) while running.", delivery.label, claim.fence)
         return False
     if renewed:
         heartbeat.lease_until = started + delivery.lock_ttl

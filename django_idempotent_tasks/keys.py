@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import inspect
-import json
+import re
 import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -15,6 +16,10 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django_idempotent_tasks.exceptions import InvalidIdempotencyKey, MissingIdempotencyKey
 
 MAX_KEY_LENGTH = 255
+# Unicode's categories Cc (control) and Cs (surrogate) are exactly these ranges (a regex scans a key
+# in C; unicodedata.category per character cost more than a replay's round trip for long keys).
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 KeySource = str | Callable[..., Any]
 
 
@@ -28,11 +33,11 @@ def validate_key(key: object) -> str:
         raise InvalidIdempotencyKey(
             f"An idempotency key must be at most {MAX_KEY_LENGTH} characters, got {len(key)}."
         )
-    if any(unicodedata.category(char) == "Cc" for char in key):
+    if _CONTROL.search(key):
         raise InvalidIdempotencyKey(
             "An idempotency key must not contain control characters (such as NUL or newline)."
         )
-    if any(unicodedata.category(char) == "Cs" for char in key):
+    if _SURROGATE.search(key):
         raise InvalidIdempotencyKey(
             "An idempotency key must be valid Unicode text: it contains a lone surrogate, which "
             "cannot be encoded as UTF-8 (decode bytes with errors='strict', not 'surrogateescape')."
@@ -40,13 +45,42 @@ def validate_key(key: object) -> str:
     return key
 
 
+@functools.lru_cache(maxsize=512)
+def _cached_signature(run: Callable[..., Any]) -> inspect.Signature:
+    return inspect.signature(run)
+
+
+def signature(run: Callable[..., Any]) -> inspect.Signature:
+    """``inspect.signature(run)``, computed once per callable (a task's body is the same every call)."""
+    try:
+        return _cached_signature(run)
+    except TypeError:
+        return inspect.signature(run)  # an unhashable callable; or no signature: raises the same
+
+
+@functools.lru_cache(maxsize=512)
+def _plain(run: Callable[..., Any]) -> tuple[str, ...] | None:
+    parameters = inspect.signature(run).parameters.values()
+    if all(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and p.default is p.empty for p in parameters):
+        return tuple(p.name for p in parameters)
+    return None
+
+
+def _plain_names(run: Callable[..., Any]) -> tuple[str, ...] | None:
+    """The parameter names of ``run`` if all are plain (positional or keyword, no default), else None."""
+    try:
+        return _plain(run)
+    except (TypeError, ValueError):
+        return None  # unhashable, or no signature: the general path decides
+
+
 def bind_arguments(run: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any]) -> dict[str, Any]:
     """Map a call's arguments onto the names of ``run``'s parameters, defaults applied."""
-    signature = inspect.signature(run)
-    bound = signature.bind_partial(*args, **kwargs)
+    found = signature(run)
+    bound = found.bind_partial(*args, **kwargs)
     bound.apply_defaults()
     arguments = dict(bound.arguments)
-    for name, param in signature.parameters.items():
+    for name, param in found.parameters.items():
         if param.kind is inspect.Parameter.VAR_KEYWORD and name in arguments:
             arguments.update(arguments.pop(name))
     return arguments
@@ -58,9 +92,12 @@ def passed_arguments(
     """The arguments a call passed, by parameter name, leaving out those equal to their default."""
     # Defaults are not the caller's: a deploy adding an optional parameter must keep old messages'
     # fingerprints, and passing a default explicitly is the same call as leaving it out.
-    signature = inspect.signature(run)
-    arguments = dict(signature.bind_partial(*args, **kwargs).arguments)
-    for name, param in signature.parameters.items():
+    names = _plain_names(run)
+    if names is not None and len(args) <= len(names) and kwargs.keys() <= set(names[len(args) :]):
+        return {**dict(zip(names, args, strict=False)), **kwargs}  # bind_partial, without binding
+    found = signature(run)
+    arguments = dict(found.bind_partial(*args, **kwargs).arguments)
+    for name, param in found.parameters.items():
         if name not in arguments:
             continue
         if param.kind is inspect.Parameter.VAR_KEYWORD:
@@ -106,11 +143,6 @@ def missing_key_error(task_name: str) -> MissingIdempotencyKey:
     )
 
 
-def canonical_json(value: Any) -> str:
-    """JSON with sorted keys and no spaces, the form that fingerprints hash."""
-    return json.dumps(value, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":"))
-
-
 class _FingerprintEncoder(DjangoJSONEncoder):
     """DjangoJSONEncoder with datetimes and times to the microsecond (it cuts them to milliseconds)."""
 
@@ -122,11 +154,13 @@ class _FingerprintEncoder(DjangoJSONEncoder):
         return super().default(o)
 
 
+_FINGERPRINT_JSON = _FingerprintEncoder(sort_keys=True, separators=(",", ":"))  # stateless: shared
+
+
 def fingerprint(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
     """sha256 of the call's arguments (the key itself excluded); TypeError if one is not JSON."""
     value = [list(args), {k: v for k, v in kwargs.items() if k != "idempotency_key"}]
-    payload = json.dumps(value, cls=_FingerprintEncoder, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(payload.encode()).hexdigest()
+    return hashlib.sha256(_FINGERPRINT_JSON.encode(value).encode()).hexdigest()
 
 
 def digest(scope: str, key: str, *parts: str) -> str:

@@ -115,9 +115,9 @@ def install() -> None:
     logger = logging.getLogger(LOGGER)
     if not any(isinstance(existing, ContextFilter) for existing in logger.filters):
         logger.addFilter(ContextFilter())
-    signals.task_claimed.connect(_claimed, dispatch_uid=f"{LOGGER}.logs")
+    signals.task_claimed.observe(f"{LOGGER}.logs", _claimed)
     for signal in OUTCOMES:
-        signal.connect(_outcome, dispatch_uid=f"{LOGGER}.logs")
+        signal.observe(f"{LOGGER}.logs", _outcome)
     celery_signals.task_postrun.connect(_end, weak=False, dispatch_uid=f"{LOGGER}.logs")
 
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import weakref
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
+from django_idempotent_tasks import compat
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord, later_sql
 from django_idempotent_tasks.values import describe_error as describe_error
 from django_idempotent_tasks.values import encode_result as encode_result
@@ -20,11 +24,37 @@ from django_idempotent_tasks.values import error_shape as error_shape
 Status = IdempotencyRecord.Status
 
 
+@dataclass(eq=False)
+class Row:
+    """A record as the delivery path reads it: one row of one SELECT, its values decoded by their
+    fields, without building a model instance (which cost more CPU than the round trip itself)."""
+
+    pk: int
+    scope: str
+    key: str
+    task_name: str
+    status: str
+    fingerprint: str
+    result: Any
+    error: dict[str, str] | None
+    steps: dict[str, Any]
+    attempts: int
+    fence: int
+    task_id: str
+    worker: str
+    # No timestamps: nothing on the delivery path decides by them (leases are judged in SQL, on the
+    # database clock), and decoding them was a tenth of a replay's CPU. The admin reads the model.
+
+
+#: What the store's functions accept: a Row it read, or a model instance read by the ORM.
+Snapshot = Row | IdempotencyRecord
+
+
 @dataclass(frozen=True)
 class Claim:
     """The lease a delivery holds on a record: only writes carrying its fence succeed."""
 
-    record: IdempotencyRecord
+    record: Snapshot
     fence: int
     attempt: int
     recovered: bool
@@ -58,20 +88,59 @@ def connection_works(since: Any) -> bool:
     return bool(connection.is_usable())  # MySQL: a ping, harmless inside a transaction
 
 
-def lookup(scope: str, key: str) -> IdempotencyRecord | None:
+def lookup(scope: str, key: str) -> Row | None:
     """The record of a scoped key (one indexed SELECT), or None."""
-    # Every replay is this one query: raw SQL skips the ORM's per-call compilation (and first()'s
-    # ORDER BY), which cost more than the round trip itself (see BENCHMARKS.md).
+    # Every replay is this one query: a plain cursor and the fields' own converters, no queryset.
     alias = database()
-    return next(iter(records().raw(_lookup_sql(alias), [scope, key])), None)
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        cursor.execute(_select_sql(alias, _ROW_COLUMNS, "scope", "key"), [scope, key])
+        values = cursor.fetchone()
+    return None if values is None else Row(*_decode(connection, _ROW_COLUMNS, values))
+
+
+_ROW_COLUMNS = tuple(field.name for field in dataclasses.fields(Row))
+
+
+def _field(name: str) -> models.Field[Any, Any]:
+    meta = IdempotencyRecord._meta
+    return meta.pk if name == "pk" else meta.get_field(name)  # type: ignore[return-value]
+
+
+def _column(name: str) -> str:
+    field = _field(name)
+    return field.column or field.name
 
 
 @functools.cache
-def _lookup_sql(alias: str) -> str:
-    meta, quote = IdempotencyRecord._meta, connections[alias].ops.quote_name
-    columns = {field.name: quote(field.column or field.name) for field in meta.concrete_fields}
-    scope, key = columns["scope"], columns["key"]
-    return f"SELECT * FROM {quote(meta.db_table)} WHERE {scope} = %s AND {key} = %s"
+def _select_sql(alias: str, names: tuple[str, ...], *where: str) -> str:
+    quote = connections[alias].ops.quote_name
+    columns = ", ".join(quote(_column(name)) for name in names)
+    condition = " AND ".join(f"{quote(_column(name))} = %s" for name in where)
+    return f"SELECT {columns} FROM {quote(IdempotencyRecord._meta.db_table)} WHERE {condition}"
+
+
+Converter = Callable[[Any, Any, Any], Any]
+_converters: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], list[tuple[Any, list[Converter]]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _decode(connection: Any, names: tuple[str, ...], values: Sequence[Any]) -> list[Any]:
+    """``values`` read from the columns of ``names``, converted as the ORM converts them."""
+    known = _converters.setdefault(connection, {})
+    if names not in known:  # the backend's and the field's converters, found once per connection
+        columns = [_field(name).cached_col for name in names]
+        known[names] = [
+            (col, [*connection.ops.get_db_converters(col), *col.field.get_db_converters(connection)])
+            for col in columns
+        ]
+    decoded = []
+    for value, (col, converters) in zip(values, known[names], strict=True):
+        for convert in converters:
+            value = convert(value, col, connection)
+        decoded.append(value)
+    return decoded
 
 
 def _savepoint() -> AbstractContextManager[Any]:
@@ -85,11 +154,12 @@ def _savepoint() -> AbstractContextManager[Any]:
     )
 
 
-def _from_database(record: IdempotencyRecord, *names: str) -> None:
-    # These were written as SQL expressions on the database clock: forget the expression objects,
-    # so that reading one loads the value the database stored (Django's deferred-field load).
-    for name in names:
-        record.__dict__.pop(name, None)
+def _forget(record: Snapshot, *names: str) -> None:
+    # These were written as SQL expressions on the database clock: a model instance forgets the
+    # expression objects and loads what the database stored on access (Django's deferred-field load).
+    if isinstance(record, IdempotencyRecord):
+        for name in names:
+            record.__dict__.pop(name, None)
 
 
 def insert(
@@ -104,27 +174,67 @@ def insert(
     record_ttl: int,
 ) -> Claim | None:
     """Create the record IN_PROGRESS with fence 1; None if another delivery created it first."""
+    alias = database()
+    connection = connections[alias]
+    row = Row(
+        0, scope, key, task_name, Status.IN_PROGRESS, fingerprint, None, None, {}, 1, 1, task_id, worker
+    )
+    sql, returning = _insert_sql(alias)
+    now = _prepare(connection, "created_at", timezone.now())
+    params = [*(_prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
     try:
-        with _savepoint():
-            record = records().create(
-                scope=scope,
-                key=key,
-                task_name=task_name,
-                fingerprint=fingerprint,
-                task_id=task_id,
-                worker=worker,
-                started_at=timezone.now(),
-                lease_expires_at=DatabaseNow(lease_seconds),
-                expires_at=DatabaseNow(record_ttl),
+        with _savepoint(), connection.cursor() as cursor:
+            cursor.execute(sql, [*params, lease_seconds, record_ttl])
+            table = IdempotencyRecord._meta.db_table
+            row.pk = (
+                cursor.fetchone()[0]
+                if returning
+                else connection.ops.last_insert_id(cursor, table, _column("pk"))
             )
     except IntegrityError:
         return None
-    _from_database(record, "lease_expires_at", "expires_at")
-    return Claim(record=record, fence=1, attempt=1, recovered=False)
+    return Claim(record=row, fence=1, attempt=1, recovered=False)
+
+
+# What insert() writes: the Row's columns, then the timestamps (now), then the lease and the
+# retention (on the database clock).
+_INSERTED = _ROW_COLUMNS[1:]
+_STAMPED = ("created_at", "started_at")
+_CLOCKED = ("lease_expires_at", "expires_at")
+
+
+def _prepare(connection: Any, name: str, value: Any) -> Any:
+    """``value`` as the field prepares it for the database, as the ORM would. Text and integers go
+    as they are on every backend: only JSON and datetimes are adapted (and cost a call)."""
+    if value is None or name not in _ADAPTED:
+        return value
+    return _field(name).get_db_prep_save(value, connection)
+
+
+_ADAPTED = frozenset(
+    field.name
+    for field in IdempotencyRecord._meta.concrete_fields
+    if isinstance(field, (models.JSONField, models.DateTimeField))
+)
+
+
+@functools.cache
+def _insert_sql(alias: str) -> tuple[str, bool]:
+    """One precompiled INSERT (the ORM's create() cost more CPU than its round trip), and whether it
+    returns the new primary key itself (RETURNING) rather than through the cursor."""
+    connection = connections[alias]
+    quote, clock = connection.ops.quote_name, later_sql(connection.vendor)
+    columns = ", ".join(quote(_column(name)) for name in (*_INSERTED, *_STAMPED, *_CLOCKED))
+    values = ", ".join([*("%s" for _ in (*_INSERTED, *_STAMPED)), clock, clock])
+    sql = f"INSERT INTO {quote(IdempotencyRecord._meta.db_table)} ({columns}) VALUES ({values})"
+    returning = bool(connection.features.can_return_columns_from_insert)
+    if returning:
+        sql += " " + connection.ops.return_insert_columns([_field("pk")])[0]  # type: ignore[attr-defined]
+    return sql, returning
 
 
 def take_over(
-    record: IdempotencyRecord, *, task_id: str, worker: str, lease_seconds: int, record_ttl: int
+    record: Snapshot, *, task_id: str, worker: str, lease_seconds: int, record_ttl: int
 ) -> Claim | None:
     """Claim a FAILED record or one whose lease expired on the database clock; None if it is not."""
     fence, attempt = record.fence + 1, record.attempts + 1
@@ -143,10 +253,21 @@ def take_over(
         return None
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
-        setattr(record, name, value)
+        if isinstance(record, IdempotencyRecord) or name in _ROW_COLUMNS:
+            setattr(record, name, value)
+    _forget(record, *_CLOCKED)
     # The steps are read again under the claim: the copy read before the lock may be stale.
-    _from_database(record, "lease_expires_at", "expires_at", "steps")
+    record.steps = _steps(record.pk)
     return Claim(record=record, fence=fence, attempt=attempt, recovered=recovered)
+
+
+def _steps(pk: int) -> dict[str, Any]:
+    alias = database()
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        cursor.execute(_select_sql(alias, ("steps",), "pk"), [pk])
+        found = cursor.fetchone()
+    return {} if found is None else dict(_decode(connection, ("steps",), found)[0] or {})
 
 
 def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: Any) -> bool:
@@ -159,8 +280,7 @@ def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: An
     """
     alias = database()
     connection = connections[alias]
-    fields = {field.name: field for field in IdempotencyRecord._meta.concrete_fields}
-    params = [fields[name].get_db_prep_save(value, connection) for name, value in values.items()]
+    params = [_prepare(connection, name, value) for name, value in values.items()]
     later = later or {}
     with connection.cursor() as cursor:
         cursor.execute(
@@ -228,7 +348,7 @@ def fail(claim: Claim, error: dict[str, str], *, for_good_after: int | None = No
     return _mark_failed(_held(claim), error, at_least_attempts=for_good_after)
 
 
-def exhaust(record: IdempotencyRecord, max_attempts: int) -> bool:
+def exhaust(record: Snapshot, max_attempts: int) -> bool:
     """Fail a key for good (it used up ``max_attempts`` claims); False if a live holder has it."""
     last = record.error or {}
     message = f"{record.attempts} attempts used, max_attempts is {max_attempts}."
@@ -243,7 +363,7 @@ def exhaust(record: IdempotencyRecord, max_attempts: int) -> bool:
     return True
 
 
-def is_exhausted(record: IdempotencyRecord, max_attempts: int) -> bool:
+def is_exhausted(record: Snapshot, max_attempts: int) -> bool:
     """The key cannot be claimed again."""
     return record.status != Status.SUCCEEDED and record.attempts >= max_attempts
 
@@ -292,6 +412,6 @@ def purge(queryset: Any, *, batch_size: int, progress: Any = None) -> int:
         # QuerySet.delete() would, with any pre/post_delete receiver connected, select first and
         # then delete by pk only. Records have no reverse relations, so nothing cascades.
         current = purgeable(queryset.order_by().filter(pk__in=batch))
-        deleted += current._raw_delete(current.db)
+        deleted += compat.raw_delete(current)
         if progress is not None:
             progress(deleted)

@@ -5,54 +5,49 @@ from __future__ import annotations
 import functools
 import inspect
 import socket
-import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 from celery import shared_task
-from celery._state import _task_stack  # type: ignore[attr-defined]
 from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
-from django_idempotent_tasks import canvas, keys, store
-from django_idempotent_tasks.conf import ASYNC_BODY, TaskOptions, conf, conflict_countdown, task_options
+from django_idempotent_tasks import canvas, compat, idempotency, keys, store
+from django_idempotent_tasks.conf import conf, conflict_countdown
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, UnstorableResult
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
+from django_idempotent_tasks.options import ASYNC_BODY, TaskOptions, bind_task, task_options
+from django_idempotent_tasks.outcomes import Busy, Outcome, Requeue
 
 if TYPE_CHECKING:
     Base = DjangoTask[Any, Any]
 else:
     Base = DjangoTask
 
-_running = threading.local()
-
 
 @dataclass
-class _Running:
-    """What this thread knows of a delivery in progress (kept off ``self.request``, which Celery
-    copies into the messages it sends)."""
+class _Call:
+    """One call of a task's ``__call__`` in progress (kept off ``self.request``, which Celery copies
+    into the messages it sends)."""
 
     task: Any
     task_id: str | None
-    idempotency: Idempotency | None = None
     sends: list[Callable[[], Any]] = field(default_factory=list)
     handed_on: Ignore | None = None
     check_result: bool = False
     unstorable: str | None = None
 
 
-def _stack() -> list[_Running]:
-    if not hasattr(_running, "stack"):
-        _running.stack = []
-    stack: list[_Running] = _running.stack
-    return stack
+# The calls in progress in this context, innermost last: a task's own sends wait for its release.
+_calls: ContextVar[tuple[_Call, ...]] = ContextVar("django_idempotent_tasks_calls", default=())
 
 
-def _current(task: Any) -> _Running | None:
-    return next((entry for entry in reversed(_stack()) if entry.task is task), None)
+def _current(task: Any) -> _Call | None:
+    return next((call for call in reversed(_calls.get()) if call.task is task), None)
 
 
 KEY_ARGUMENT = canvas.KEY_ARGUMENT
@@ -60,17 +55,6 @@ canvas.install()
 CONFLICTS_HEADER = "idempotency_conflicts"  # how many times this delivery was re-queued by a conflict
 #: The stored result of a key whose body replaced itself (``self.replace``) or raised ``Ignore``.
 HANDED_ON = {"django_idempotent_tasks.handed_on": True}
-
-
-def _accepting_key(check: Callable[..., Any]) -> Callable[..., Any]:
-    """Celery's argument check (``Task.typing``) with the idempotency key let through."""
-
-    @functools.wraps(check)
-    def check_arguments(*args: Any, **kwargs: Any) -> Any:
-        kwargs.pop(KEY_ARGUMENT, None)
-        return check(*args, **kwargs)
-
-    return check_arguments
 
 
 class IdempotentRequest(Request):
@@ -104,9 +88,7 @@ class IdempotentTask(Base):
         source = cls.__dict__.get("idempotency_key")
         if inspect.isfunction(source):
             cls.idempotency_key = staticmethod(source)  # a callable key source is not a method
-        header = cls.__dict__.get("__header__")
-        if header is not None:
-            cls.__header__ = staticmethod(_accepting_key(header.__func__))  # type: ignore[attr-defined]
+        compat.let_argument_through(cls, KEY_ARGUMENT)
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
@@ -114,7 +96,7 @@ class IdempotentTask(Base):
         super().on_bound(app)
         if inspect.iscoroutinefunction(cls.run) or inspect.isasyncgenfunction(cls.run):
             raise IdempotencyConfigurationError(ASYNC_BODY.format(name=cls.name))
-        cls._idempotency_options = task_options(cls)
+        cls._idempotency_options = bind_task(cls, app)
 
     @property
     def idempotency_options(self) -> TaskOptions:
@@ -127,10 +109,10 @@ class IdempotentTask(Base):
     @property
     def idempotency(self) -> Idempotency:
         """The key, lease and steps of the delivery that is running now."""
-        running = _current(self)
-        if running is None or running.idempotency is None:
+        running = idempotency.running.get()
+        if running is None:
             raise RuntimeError("self.idempotency is only available while an idempotent task runs.")
-        return running.idempotency
+        return running
 
     # Caller side: every way of sending validates the key before anything is sent.
 
@@ -167,10 +149,10 @@ class IdempotentTask(Base):
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, *extra: Any, **options: Any
     ) -> Any:
         kwargs = self._keyed(args, kwargs, options)
-        running = _current(self)
-        if running is not None and task_id is not None and task_id == running.task_id:
+        call = _current(self)
+        if call is not None and task_id is not None and task_id == call.task_id:
             # self.retry() sends while we still hold the lock: send after the release instead.
-            running.sends.append(
+            call.sends.append(
                 functools.partial(super().apply_async, args, kwargs, task_id, *extra, **options)
             )
             return self.AsyncResult(task_id)
@@ -192,38 +174,38 @@ class IdempotentTask(Base):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         key = self.resolve_key(args, kwargs)
         kwargs = {**kwargs, KEY_ARGUMENT: key}
-        _task_stack.push(self)
-        # Keep the request the worker (or apply()) pushed: its id, retries and delivery info. Celery
-        # 5.5+ merges it in push_request; Celery 5.4 would push a bare one, as if called directly.
-        self.push_request(**{**vars(self.request), "args": args, "kwargs": kwargs})
-        running = _Running(self, self.request.id)
-        _stack().append(running)
+        compat.push_task(self)
+        compat.push_request_keeping(self, args=args, kwargs=kwargs)
+        request = self.request
+        call = _Call(self, request.id)
+        token = _calls.set((*_calls.get(), call))
         try:
             delivery = self._delivery(key, args, kwargs)
-            running.check_result = delivery.eager
-            result = deliver(
-                delivery, functools.partial(self._run_body, running, args, kwargs), self._requeue
-            )
-            if running.handed_on is not None:
-                raise running.handed_on
-            if running.unstorable is not None:
-                raise UnstorableResult(
-                    f"{delivery.label} is done and will not run again, but: {running.unstorable}"
-                )
-            if result == HANDED_ON:
-                raise Ignore()  # a replay of a body that replaced itself or raised Ignore
-            return result
+            call.check_result = delivery.eager
+            outcome = deliver(delivery, functools.partial(self._run_body, call, args, kwargs))
         finally:
-            _stack().pop()
+            _calls.reset(token)
             self.pop_request()
-            _task_stack.pop()
-            for send in running.sends:
+            compat.pop_task()
+            for send in call.sends:
                 send()
+        return self._answer(outcome, call, request, delivery.label)
 
-    def _run_body(
-        self, running: _Running, args: Sequence[Any], kwargs: dict[str, Any], idempotency: Idempotency
-    ) -> Any:
-        running.idempotency = idempotency
+    def _answer(self, outcome: Outcome, call: _Call, request: Any, label: str) -> Any:
+        """The outcome of a delivery in Celery's terms: its value, a re-queue, Ignore or TaskInProgress."""
+        if isinstance(outcome, Requeue) or (isinstance(outcome, Busy) and outcome.action == "retry"):
+            self._requeue(request)
+        if isinstance(outcome, Busy):
+            raise TaskInProgress(outcome.message)
+        if call.handed_on is not None:
+            raise call.handed_on
+        if call.unstorable is not None:
+            raise UnstorableResult(f"{label} is done and will not run again, but: {call.unstorable}")
+        if outcome.value == HANDED_ON:
+            raise Ignore()  # a replay of a body that replaced itself or raised Ignore
+        return outcome.value
+
+    def _run_body(self, call: _Call, args: Sequence[Any], kwargs: dict[str, Any], _: Idempotency) -> Any:
         if not self._accepts_key:
             kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         try:
@@ -231,10 +213,10 @@ class IdempotentTask(Base):
         except Ignore as exc:
             # self.replace() and Ignore hand the work on (or drop it) on purpose: the key is done,
             # so a redelivery must not run the body again, and Celery must still see the Ignore.
-            running.handed_on = exc
+            call.handed_on = exc
             return HANDED_ON
-        if running.check_result:  # eager: say so loudly, after the key is marked done
-            running.unstorable = store.encode_result(value, conf.MAX_RESULT_BYTES)[1]
+        if call.check_result:  # eager: say so loudly, after the key is marked done
+            call.unstorable = store.encode_result(value, conf.MAX_RESULT_BYTES)[1]
         return value
 
     @functools.cached_property
@@ -269,9 +251,8 @@ class IdempotentTask(Base):
             return keys.fingerprint(args, body_kwargs)
         return keys.fingerprint([], arguments)
 
-    def _requeue(self) -> NoReturn:
+    def _requeue(self, request: Any) -> NoReturn:
         """Send this delivery again after a countdown, without counting a retry, and ack this one."""
-        request = self.request
         conflicts = int(getattr(request, CONFLICTS_HEADER, None) or 0)
         countdown = conflict_countdown(conflicts, self.idempotency_options.effective_lock_ttl)
         headers = {CONFLICTS_HEADER: conflicts + 1}

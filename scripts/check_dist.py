@@ -19,25 +19,27 @@ PACKAGE = "django_idempotent_tasks"
 # Files of the package that are not Python modules but must ship (templates, translations, markers).
 DATA_SUFFIXES = {".html", ".txt", ".css", ".js", ".po", ".mo", ".json", ".typed"}
 NOT_SHIPPED = ("tests/", "example_project/", "scripts/", "docs/")
-# Tools of our own test, lint and benchmark runs (requirements/): never a published dependency.
-DEV_TOOLS = {
-    "pytest",
-    "pytest-django",
-    "pytest-timeout",
-    "coverage",
-    "ruff",
-    "mypy",
-    "django-stubs",
-    "celery-types",
-    "playwright",
-    "tox",
-    "build",
-    "twine",
-    "psycopg",
-    "mysqlclient",
-    "celery-once",
-    "celery-singleton",
-}
+REQUIREMENTS = ROOT / "requirements"
+PROJECT_URLS = ("Documentation", "Changelog", "Source", "Issues")
+# A Markdown link or image, or an HTML src/href, whose target is not absolute: broken on PyPI.
+RELATIVE_LINK = re.compile(r"\]\((?!https?://|#|mailto:)([^)\s]+)\)|(?:src|href)=\"(?!https?://|#)([^\"]+)\"")
+
+
+def dev_tools() -> set[str]:
+    """Every package our own test, lint and benchmark runs install (requirements/): none is published."""
+    names = set()
+    for path in REQUIREMENTS.glob("*.txt"):
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line and not line.startswith("-"):
+                names.add(_name(line))
+    return names
+
+
+def _name(requirement: str) -> str:
+    return re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
 PUBLISHED_EXTRAS = {"metrics"}
 
 
@@ -73,12 +75,19 @@ def check_metadata(wheel: Path) -> None:
     lines = archive.read(metadata).decode().splitlines()
     requires = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Requires-Dist:")]
     extras = {line.split(":", 1)[1].strip() for line in lines if line.startswith("Provides-Extra:")}
-    names = {re.split(r"[\s\[<>=!~;(]", req, maxsplit=1)[0].lower().replace("_", "-") for req in requires}
-    leaked = sorted(names & DEV_TOOLS)
-    assert not leaked, f"{wheel.name} declares dev tools as dependencies: {leaked}"
+    names = {_name(req) for req in requires}
+    leaked = sorted(names & dev_tools())
+    assert not leaked, f"{wheel.name} declares dev tools (requirements/) as dependencies: {leaked}"
     assert extras == PUBLISHED_EXTRAS, f"{wheel.name} publishes extras {sorted(extras)}"
-    assert any(line.startswith("Project-URL: Source, https://") for line in lines), "no link to the source"
-    print(f"{wheel.name}: requires {sorted(names)}, extras {sorted(extras)}, no dev tools.")
+    for label in PROJECT_URLS:
+        found = any(line.startswith(f"Project-URL: {label}, https://") for line in lines)
+        assert found, f"{wheel.name} has no {label} in project_urls"
+    for field in ("Author", "Keywords"):
+        assert any(line.startswith(f"{field}: ") for line in lines), f"{wheel.name} has no {field}"
+    description = "\n".join(lines[lines.index("") + 1 :])  # the README, after the headers
+    relative = sorted({a or b for a, b in RELATIVE_LINK.findall(description)})
+    assert not relative, f"{wheel.name}'s README has relative links, broken on PyPI: {relative}"
+    print(f"{wheel.name}: requires {sorted(names)}, extras {sorted(extras)}, no dev tools, absolute links.")
 
 
 def check_sdist(sdist: Path) -> None:

@@ -20,5 +20,7 @@ if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   exit 1
 fi
 echo "Installing ${missing[*]} from Debian's packages..."
-apt-get update -qq
-DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+# Wait for another apt or dpkg run (unattended-upgrades on a fresh machine) instead of failing.
+lock=(-o DPkg::Lock::Timeout=600)
+apt-get "${lock[@]}" update -qq
+DEBIAN_FRONTEND=noninteractive apt-get "${lock[@]}" install -y -qq "${missing[@]}" >/dev/null

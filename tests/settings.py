@@ -34,6 +34,8 @@ INSTALLED_APPS = [
     "tests.chaosapp",
     "django_tasks_db",
 ]
+if find_spec("django_celery_beat"):  # W009's database scheduler branch (not on Django 6.1: unsupported)
+    INSTALLED_APPS.append("django_celery_beat")
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -5,19 +5,20 @@ from typing import Any
 
 import pytest
 import redis
-from django.conf import settings
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import connection
-from django.test import Client, override_settings
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_idempotent_tasks import keys
+from django_idempotent_tasks import keys, store
 from django_idempotent_tasks.admin import actions as admin_actions
 from django_idempotent_tasks.admin.changelist import EstimatedCountPaginator
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.records import make_expired, make_failed, make_live, make_record, make_stuck, operator_scene
+from tests import records
+from tests.helpers import redis_down
+from tests.records import operator_scene
 
 pytestmark = pytest.mark.django_db
 CHANGELIST = reverse("admin:django_idempotent_tasks_idempotencyrecord_changelist")
@@ -139,7 +140,7 @@ def test_no_add_and_no_change(scene: dict[str, IdempotencyRecord], superuser: Cl
 def test_get_on_the_purge_url_confirms_and_changes_nothing(
     scene: dict[str, IdempotencyRecord], deleter: Client
 ) -> None:
-    make_expired("order-charge-2001")
+    records.expired("order-charge-2001", shop=True)
     page = deleter.get(PURGE).content.decode()
     assert "This will delete 2 expired idempotency records." in page
     assert "Deleting a record makes its key runnable again" in page
@@ -151,7 +152,9 @@ def test_get_on_the_purge_url_confirms_and_changes_nothing(
 def test_delete_permission_purges_expired_records(
     scene: dict[str, IdempotencyRecord], deleter: Client, caplog: pytest.LogCaptureFixture
 ) -> None:
-    live_but_past_retention = make_live("order-charge-2002", expires_at=scene["expired"].expires_at)
+    live_but_past_retention = records.live(
+        "order-charge-2002", shop=True, expires_at=scene["expired"].expires_at
+    )
     response = deleter.post(PURGE, {"post": "yes"}, follow=True)
     assert response.redirect_chain == [(CHANGELIST, 302)]
     assert "Deleted 1 record." in response.content.decode()
@@ -190,7 +193,7 @@ def test_delete_selected_asks_first_then_deletes(
 def test_delete_selected_across_pages_keeps_the_filters(
     scene: dict[str, IdempotencyRecord], deleter: Client
 ) -> None:
-    make_failed("receipt-order-2003")
+    records.failed("receipt-order-2003", shop=True)
     url = f"{CHANGELIST}?status__exact=FAILED"
     data = {"action": "delete_selected", "_selected_action": [scene["failed"].pk], "select_across": "1"}
     page = deleter.post(url, {**data, "index": "0"}).content.decode()
@@ -238,7 +241,7 @@ def test_release_stuck_lease_fails_the_stuck_and_leaves_live_leases(
 ) -> None:
     client = login(staff("oncall", "view_idempotencyrecord", "release_lease"))
     assert "release_stuck_leases" in client.get(CHANGELIST).content.decode()
-    other = make_stuck("order-charge-2004")
+    other = records.stuck("order-charge-2004", shop=True)
     response = action(
         client, "release_stuck_leases", [scene["stuck"], other, scene["live"], scene["succeeded"]]
     )
@@ -255,9 +258,30 @@ def test_release_stuck_lease_fails_the_stuck_and_leaves_live_leases(
     assert IdempotencyRecord.objects.get(pk=scene["succeeded"].pk).status == Status.SUCCEEDED
     response = action(client, "release_stuck_leases", [scene["live"]])
     assert "1 selected record was not stuck" in response.content.decode()
-    response = action(client, "release_stuck_leases", [make_stuck("order-charge-2006")])
+    response = action(client, "release_stuck_leases", [records.stuck("order-charge-2006", shop=True)])
     assert "Released 1 stuck lease:" in response.content.decode()
     assert "not stuck" not in response.content.decode()
+
+
+def test_release_stuck_lease_leaves_a_record_taken_over_after_the_selection_was_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    client = login(staff("oncall", "view_idempotencyrecord", "release_lease"))
+    record = records.stuck("order-charge-2008", shop=True)
+    release = store.release_lease
+
+    def taken_over_first(seen: IdempotencyRecord, by: str, **kwargs: Any) -> bool:
+        # A redelivery claims the key between the action's read and its fenced write.
+        IdempotencyRecord.objects.filter(pk=seen.pk).update(fence=seen.fence + 1)
+        return release(seen, by, **kwargs)
+
+    monkeypatch.setattr(store, "release_lease", taken_over_first)
+    page = action(client, "release_stuck_leases", [record]).content.decode()
+    assert "Released" not in page
+    assert "1 selected record was not stuck" in page
+    left = IdempotencyRecord.objects.get(pk=record.pk)
+    assert (left.status, left.fence) == (Status.IN_PROGRESS, record.fence + 1)
+    assert not LogEntry.objects.exists()
 
 
 # The changelist: filters, search, pagination, queries.
@@ -295,7 +319,7 @@ def test_search_by_task_id_and_by_task_name_of_a_scoped_record(
 ) -> None:
     live = scene["live"]
     assert listed_keys(superuser.get(CHANGELIST, {"q": live.task_id}).content.decode()) == [live.key]
-    named = make_record("k-2005", scope="custom", task_name="billing.tasks.refund")
+    named = records.make("k-2005", shop=True, scope="custom", task_name="billing.tasks.refund")
     assert listed_keys(superuser.get(CHANGELIST, {"q": "billing.tasks.refund"}).content.decode()) == [
         named.key
     ]
@@ -314,7 +338,7 @@ def test_changelist_shows_shortened_keys_badges_and_scopes(
 
 def test_changelist_query_count_does_not_grow_with_rows(superuser: Client) -> None:
     for n in range(3):
-        make_stuck(f"stuck-{n}")
+        records.stuck(f"stuck-{n}", shop=True)
     superuser.get(CHANGELIST)  # fills Django's content type cache
     html, few = queries_of(superuser, CHANGELIST)
     # session, user, scopes of the filter, row estimate (none on SQLite), COUNT, the page, the date
@@ -323,7 +347,7 @@ def test_changelist_query_count_does_not_grow_with_rows(superuser: Client) -> No
     assert len(few) == expected, few
     assert len(listed_keys(html)) == 3
     for n in range(40):
-        make_failed(f"failed-{n}", scope=f"scope-{n}")
+        records.failed(f"failed-{n}", shop=True, scope=f"scope-{n}")
     html, many = queries_of(superuser, CHANGELIST)
     assert len(many) == expected, many
     assert len(listed_keys(html)) == 43
@@ -342,7 +366,7 @@ def test_large_unfiltered_changelist_counts_from_the_planner_estimate(
     superuser: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for n in range(60):
-        make_record(f"many-{n}")
+        records.make(f"many-{n}", shop=True)
     analyze()
     monkeypatch.setattr(EstimatedCountPaginator, "estimate_above", 10)
     html = superuser.get(CHANGELIST).content.decode()
@@ -366,7 +390,7 @@ def test_empty_changelist_and_other_databases_count_exactly(
     html = superuser.get(CHANGELIST).content.decode()
     assert "0 idempotency records" in html and 'class="toplinks"' not in html
     for n in range(20):
-        make_record(f"many-{n}")
+        records.make(f"many-{n}", shop=True)
     analyze()
     monkeypatch.setattr(EstimatedCountPaginator, "estimate_above", 10)
     # SQLite keeps no estimate: it gets an exact COUNT(*).
@@ -387,7 +411,7 @@ def test_date_hierarchy_drills_down_without_scanning(
     )
     assert len(listed_keys(day_page.content.decode())) == len(scene)
     assert superuser.get(CHANGELIST, {"created_at__year": year - 1}).status_code == 200
-    make_record("old", created_at=created.replace(year=year - 2))
+    records.make("old", shop=True, created_at=created.replace(year=year - 2))
     html = superuser.get(CHANGELIST).content.decode()
     assert f'href="?created_at__year={year - 2}"' in html and f'href="?created_at__year={year}"' in html
 
@@ -405,7 +429,7 @@ def test_detail_shows_result_error_lease_and_checkpoints(
     assert scene["result"].fingerprint in page
     failed = superuser.get(detail(scene["failed"])).content.decode()
     assert "<strong>SMTPServerDisconnected</strong>: Connection unexpectedly closed<pre>Traceback" in failed
-    odd = make_failed("k-2007", error="a bare message <b>")
+    odd = records.failed("k-2007", shop=True, error="a bare message <b>")
     assert (
         "<strong></strong>: a bare message &lt;b&gt;<pre></pre>"
         in superuser.get(detail(odd)).content.decode()
@@ -432,20 +456,15 @@ def test_detail_says_who_holds_the_redis_lock(
 def test_detail_shows_unknown_when_redis_does_not_answer(
     scene: dict[str, IdempotencyRecord], superuser: Client
 ) -> None:
-    dead = {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": "redis://127.0.0.1:1/0",
-        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1},
-    }
-    with override_settings(CACHES={**settings.CACHES, "dead": dead}, IDEMPOTENT_TASKS_CACHE="dead"):
+    with redis_down():
         response = superuser.get(detail(scene["stuck"]))
     assert response.status_code == 200
     assert "unknown (Redis did not answer)" in response.content.decode()
 
 
 def test_expired_filter_lists_newest_first_and_keeps_column_sorting(superuser: Client) -> None:
-    older, newer = make_expired("expired-b"), make_expired("expired-a")
-    make_record("kept")
+    older, newer = records.expired("expired-b", shop=True), records.expired("expired-a", shop=True)
+    records.make("kept", shop=True)
     assert listed_keys(superuser.get(f"{CHANGELIST}?expired=yes").content.decode()) == [newer.key, older.key]
     by_key = superuser.get(f"{CHANGELIST}?expired=yes&o=1").content.decode()
     assert listed_keys(by_key) == ["expired-a", "expired-b"]
@@ -454,7 +473,7 @@ def test_expired_filter_lists_newest_first_and_keeps_column_sorting(superuser: C
 
 
 def test_invalid_date_parameters_redirect_before_the_hierarchy(superuser: Client) -> None:
-    make_record("k")
+    records.make("k", shop=True)
     for params in (
         {"created_at__year": "x"},
         {"created_at__month": "x"},
@@ -510,7 +529,7 @@ def test_destructive_actions_write_the_admin_log(
 def test_a_large_purge_writes_one_admin_log_entry(deleter: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(admin_actions, "LOGGED_DELETIONS", 2)
     for n in range(3):
-        make_expired(f"old-{n}")
+        records.expired(f"old-{n}", shop=True)
     deleter.post(PURGE, {"post": "yes"})
     assert log_rows() == [
         ("deleter", DELETION, None, "3 idempotency records", "Deleted (purge of the expired records).")

@@ -25,17 +25,24 @@ pytestmark = [pytest.mark.browser, pytest.mark.workers]
 PROJECT = ROOT / "example_project"
 SHOP_REDIS_DB = 8  # the shop uses databases 8 (broker), 9 (locks) and 10 (results) of REDIS_URL
 SETTLE_TIMEOUT = 60  # seconds for the worker to start and run both tasks of the order
+HOLD_FIRST_POST = 30  # at most, seconds the first POST of a double click waits for the second
 
 
 @dataclass(frozen=True)
 class Shop:
     url: str
     database: Path
-    server_log: Path
+    posts_file: Path
+    env: dict[str, str]
 
-    def posts(self) -> int:
-        """The checkout POSTs runserver answered."""
-        return self.server_log.read_text().count('"POST / HTTP/1.1"')
+    def posts(self) -> list[str]:
+        """The checkout key of each checkout POST that reached the server, in order of arrival."""
+        return self.posts_file.read_text().splitlines() if self.posts_file.exists() else []
+
+    def manage(self, *args: str) -> None:
+        subprocess.run(
+            [sys.executable, "manage.py", *args], cwd=PROJECT, env=self.env, check=True, timeout=120
+        )
 
 
 def free_port() -> int:
@@ -61,8 +68,12 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 @pytest.fixture
-def shop(tmp_path: Path) -> Iterator[Shop]:
-    """The example project served by runserver, with one real worker, on a fresh SQLite database."""
+def shop(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Shop]:
+    """The example project served by runserver, with one real worker, on a fresh SQLite database.
+
+    Parametrized (indirect) with a number of seconds, runserver holds the first checkout POST that
+    long or until a second one arrives (tests/shop_server.py).
+    """
     database = tmp_path / "shop.sqlite3"
     env = {key: value for key, value in os.environ.items() if key != "DJANGO_SETTINGS_MODULE"}
     env.update(
@@ -76,14 +87,19 @@ def shop(tmp_path: Path) -> Iterator[Shop]:
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v", "0"], cwd=PROJECT, env=env, check=True, timeout=120)
     port = free_port()
-    server = start([*manage, "runserver", "--noreload", f"127.0.0.1:{port}"], env, tmp_path / "server.log")
+    # runserver with the shop's settings plus tests/shop_server.py's middleware (tests/shop_settings.py).
+    server_env = {**env, "DJANGO_SETTINGS_MODULE": "tests.shop_settings", "PYTHONPATH": str(ROOT)}
+    server_env["SHOP_POSTS_FILE"] = str(tmp_path / "posts.txt")
+    server_env["SHOP_HOLD_FIRST_POST"] = str(getattr(request, "param", 0))
+    server_command = [*manage, "runserver", "--noreload", f"127.0.0.1:{port}"]
+    server = start(server_command, server_env, tmp_path / "server.log")
     worker_log = tmp_path / "worker.log"
     worker_command = [sys.executable, "-m", "celery", "-A", "example_project", "worker", "-P", "solo"]
     worker = start([*worker_command, "--without-gossip", "--without-mingle", "-l", "INFO"], env, worker_log)
     try:
         wait_for(lambda: " ready." in worker_log.read_text(), SETTLE_TIMEOUT, "the worker")
         wait_for(lambda: _answers(port), SETTLE_TIMEOUT, "runserver")
-        yield Shop(f"http://127.0.0.1:{port}", database, tmp_path / "server.log")
+        yield Shop(f"http://127.0.0.1:{port}", database, tmp_path / "posts.txt", env)
     finally:
         stop(server)
         stop(worker)
@@ -99,8 +115,13 @@ def count(database: Path, sql: str) -> int:
         return int(connection.execute(sql).fetchone()[0])
 
 
+CHARGED = "SELECT COUNT(*) FROM django_idempotent_tasks_idempotencyrecord WHERE status = 'SUCCEEDED'"
+REPLAYS = "SELECT COALESCE(SUM(count), 0) FROM shop_replay WHERE key = 'order-1-charge'"
+
+
+@pytest.mark.parametrize("shop", [HOLD_FIRST_POST], indirect=True)
 def test_a_double_clicked_pay_button_makes_one_order_and_one_charge(shop: Shop) -> None:
-    posts: list[str] = []  # the bodies of the form's POSTs
+    posts: list[str] = []  # the bodies of the form's POSTs, as the browser sent them
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
@@ -111,24 +132,57 @@ def test_a_double_clicked_pay_button_makes_one_order_and_one_charge(shop: Shop) 
                 lambda request: posts.append(request.post_data or "") if request.method == "POST" else None,
             )
             page.goto(f"{shop.url}/")
-            # Chromium itself drops some second clicks while the first POST is under way, so the
-            # resent POST below is what makes sure the server sees the same attempt more than once.
+            # The server holds the first POST until the second arrives: both clicks reach it.
             page.dblclick("button[type=submit]", delay=50)
             expect(page).to_have_url(f"{shop.url}/orders/1/", timeout=60_000)
-            first_confirmation = page.locator("h1").inner_text()
-            # A browser retry or a reloaded POST: the same form, sent once more, finds the same order.
+            confirmation = page.locator("h1").inner_text()
+            # A reload of the POST (or a browser retry): the same body sent again finds the same order.
             again = page.request.post(
                 f"{shop.url}/",
                 data=posts[0],
                 headers={"Content-Type": "application/x-www-form-urlencoded", "Referer": f"{shop.url}/"},
             )
             assert again.url == f"{shop.url}/orders/1/", again.url
+            assert "<h1>Order 1</h1>" in again.text()
         finally:
             browser.close()
 
-    assert shop.posts() >= 2, shop.server_log.read_text()
-    assert first_confirmation == "Order 1"
-    charged = "SELECT COUNT(*) FROM django_idempotent_tasks_idempotencyrecord WHERE status = 'SUCCEEDED'"
-    wait_for(lambda: count(shop.database, charged) == 2, SETTLE_TIMEOUT, "the charge and the e-mail")
+    assert len(posts) == 2, posts  # the browser sent both clicks
+    # and the server received them and the reload, all three with the one key the form was rendered with
+    assert len(shop.posts()) == 3 and len(set(shop.posts())) == 1, shop.posts()
+    assert confirmation == "Order 1"
+    wait_for(lambda: count(shop.database, CHARGED) == 2, SETTLE_TIMEOUT, "the charge and the e-mail")
     assert count(shop.database, "SELECT COUNT(*) FROM shop_order") == 1
     assert count(shop.database, "SELECT COUNT(*) FROM shop_charge") == 1
+
+
+def test_the_order_page_shows_its_records_with_their_replays(shop: Shop) -> None:
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            page = browser.new_page()
+            page.set_default_timeout(60_000)
+            page.goto(f"{shop.url}/")
+            page.click("button[type=submit]")
+            expect(page).to_have_url(f"{shop.url}/orders/1/", timeout=60_000)
+            wait_for(lambda: count(shop.database, CHARGED) == 2, SETTLE_TIMEOUT, "the charge and the e-mail")
+            # The charge's message delivered once more, as after a lost ack: a replay.
+            send = "from shop.tasks import charge_customer_idempotent as t; t.delay(1, idempotency_key='order-1-charge')"
+            shop.manage("shell", "-c", send)
+            wait_for(lambda: count(shop.database, REPLAYS) == 1, SETTLE_TIMEOUT, "the replay")
+            page.reload()
+            rows = page.locator("#records tr")
+            expect(rows).to_have_count(3)  # the header, the charge's record and the e-mail's
+            charge = rows.filter(has_text="order-1-charge")
+            cells = [charge.locator(f"td.{name}").inner_text() for name in ("status", "attempts", "replays")]
+            link = charge.locator("a").get_attribute("href")
+            email_replays = rows.filter(has_text="order-1-email").locator("td.replays").inner_text()
+        finally:
+            browser.close()
+
+    assert cells == ["SUCCEEDED", "1", "1"]
+    pk = count(
+        shop.database, "SELECT id FROM django_idempotent_tasks_idempotencyrecord WHERE key = 'order-1-charge'"
+    )
+    assert link == f"/admin/django_idempotent_tasks/idempotencyrecord/{pk}/change/"
+    assert email_replays == "0"

@@ -20,11 +20,10 @@ from django.test import override_settings
 from django_idempotent_tasks import celery_checks
 from django_idempotent_tasks.checks import TAG, check_lock_cache, check_lock_eviction, check_settings
 from django_idempotent_tasks.tasks import IdempotentTask
-from tests.helpers import ROOT
+from tests.helpers import ROOT, redis_down
 
 ID = "django_idempotent_tasks"
 LOCKS: Any = settings.CACHES["locks"]
-REDIS_DOWN = {**LOCKS, "LOCATION": "redis://127.0.0.1:1/0"}
 MakeApp = Callable[..., Celery]
 
 
@@ -289,7 +288,7 @@ def test_w007_lock_redis_can_evict_only_under_deploy(evicting_redis: None) -> No
 
 
 def test_w007_redis_error_is_a_warning() -> None:
-    with override_settings(CACHES={**settings.CACHES, "locks": REDIS_DOWN}):
+    with redis_down():
         assert check_lock_eviction() == [
             checks.Warning(
                 "Could not read the maxmemory-policy of the lock Redis (cache 'locks'): Error 111 connecting "

@@ -10,34 +10,19 @@ import pytest
 from django.db import connection
 
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.helpers import Worker, wait_for
+from tests.helpers import SETTLE_TIMEOUT, Worker, calls, settled
 from tests.testapp import tasks
-from tests.testapp.faults import control
 
 pytestmark = [
     pytest.mark.workers,
     pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no server connection to cut"),
 ]
 PAST_THE_CUT = 3  # seconds the body sleeps: the server drops its connection after 1 s idle
-WAIT = 90
 
 
 def error_of(record: IdempotencyRecord) -> dict[str, str]:
     assert record.error is not None
     return dict(record.error)
-
-
-def calls(key: str) -> int:
-    return int(control().get(f"calls:{key}") or 0)
-
-
-def settled(key: str) -> IdempotencyRecord:
-    record: IdempotencyRecord = wait_for(
-        lambda: IdempotencyRecord.objects.exclude(status="IN_PROGRESS").filter(key=key).first(),
-        timeout=WAIT,
-        what=f"{key} to settle",
-    )
-    return record
 
 
 def test_a_body_that_outlives_its_connection_completes_once(running_workers: list[Worker]) -> None:
@@ -49,7 +34,7 @@ def test_a_body_that_outlives_its_connection_completes_once(running_workers: lis
 
 def test_the_bodys_own_operational_error_follows_its_retry_policy(running_workers: list[Worker]) -> None:
     result = tasks.deadlocks.delay(idempotency_key="deadlock")
-    result.get(timeout=WAIT, propagate=False)
+    result.get(timeout=SETTLE_TIMEOUT, propagate=False)
     # One run and the one autoretry of max_retries=1, then the task fails with the body's error:
     # never re-queued as if its connection had died.
     assert (result.state, type(result.result).__name__) == ("FAILURE", "OperationalError")

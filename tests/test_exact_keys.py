@@ -7,12 +7,13 @@ from typing import Any
 
 import pytest
 from django.core import checks
+from django.core.management import call_command
 from django.db import connection
 
 from django_idempotent_tasks import store
 from django_idempotent_tasks.admin.changelist import search_condition
 from django_idempotent_tasks.checks import check_key_collation
-from django_idempotent_tasks.fields import exact_collation
+from django_idempotent_tasks.fields import MARIADB_COLLATION, MYSQL_COLLATION, ExactCharField, exact_collation
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
 from tests.testapp import tasks
@@ -135,3 +136,22 @@ def test_the_migrated_columns_are_binary_and_no_pad() -> None:
             ("key", exact_collation(connection)),
             ("scope", exact_collation(connection)),
         )
+
+
+def test_0002_migrates_back_to_folding_columns_and_forward_to_exact_ones() -> None:
+    call_command("migrate", "django_idempotent_tasks", "0001", verbosity=0)
+    try:
+        before = {error.id for error in check_key_collation(databases=["default"])}
+    finally:
+        call_command("migrate", "django_idempotent_tasks", verbosity=0)
+    # PostgreSQL and SQLite compare exactly with or without 0002; MySQL's default collation folds.
+    assert before == ({"django_idempotent_tasks.E004"} if connection.vendor == "mysql" else set())
+    assert check_key_collation(databases=["default"]) == []
+
+
+def test_the_exact_collation_is_the_vendors_own_and_an_explicit_one_wins() -> None:
+    mariadb = getattr(connection, "mysql_is_mariadb", False)
+    expected = {"mysql": MARIADB_COLLATION if mariadb else MYSQL_COLLATION}.get(connection.vendor)
+    assert exact_collation(connection) == expected  # None: PostgreSQL and SQLite compare exactly
+    field = ExactCharField(max_length=10, db_collation="C")
+    assert field.db_parameters(connection)["collation"] == "C"

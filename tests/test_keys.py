@@ -94,3 +94,26 @@ def test_loggable_shortens_long_keys() -> None:
 def test_invalid_step_names_are_refused(name: Any) -> None:
     with pytest.raises(ValueError, match="step name"):
         keys.validate_step_name(name)
+
+
+class Unequal:
+    """An argument whose ``==`` raises, as some array and proxy types do."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("the truth value is ambiguous")
+
+    __hash__ = object.__hash__
+
+
+def test_passed_arguments_spread_var_keyword_and_keep_what_cannot_be_compared() -> None:
+    default = Unequal()
+
+    def run(order_id: int, flag: Unequal = default, **options: Any) -> None: ...
+
+    given = Unequal()
+    assert keys.passed_arguments(run, (7,), {"flag": given, "currency": "EUR"}) == {
+        "order_id": 7,
+        "flag": given,
+        "currency": "EUR",
+    }
+    assert keys.passed_arguments(run, (7,), {}) == {"order_id": 7}

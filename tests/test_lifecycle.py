@@ -9,9 +9,8 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.models import F
-from django.test import override_settings
 from django.utils import timezone
 
 from django_idempotent_tasks import signals
@@ -23,19 +22,11 @@ from django_idempotent_tasks.exceptions import (
     UnstorableResult,
 )
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests.helpers import calls, redis_down
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-DEAD_REDIS = {
-    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
-    "locks": {
-        "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": "redis://127.0.0.1:1/0",
-        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.2, "SOCKET_TIMEOUT": 0.2},
-    },
-}
 
 
 def error_of(record: IdempotencyRecord) -> dict[str, Any]:
@@ -76,7 +67,7 @@ def received() -> Iterator[list[tuple[str, dict[str, Any]]]]:
 
 def test_replay_returns_the_stored_result_without_the_body_or_redis(received: list[Any]) -> None:
     first = run(tasks.record_effect, 1, key="replay")
-    with override_settings(CACHES=DEAD_REDIS):
+    with redis_down():
         again = run(tasks.record_effect, 1, key="replay")
     assert again == first == {"value": 1, "fence": 1}
     assert Effect.objects.count() == 1
@@ -266,7 +257,7 @@ def test_atomic_body_rolls_back_when_the_fence_moved(received: list[Any]) -> Non
 
 
 def test_redis_down_on_acquire_falls_back_to_the_database_lease_in_eager_mode(caplog: Any) -> None:
-    with override_settings(CACHES=DEAD_REDIS):
+    with redis_down():
         assert run(tasks.record_effect, 3, key="no-redis") == {"value": 3, "fence": 1}
     assert "could not ask Redis for its lock" in caplog.text
     assert Effect.objects.count() == 1
@@ -279,3 +270,13 @@ def test_a_take_over_renews_the_records_retention() -> None:
     expires_at = IdempotencyRecord.objects.get().expires_at
     assert expires_at is not None and expires_at > timezone.now() + timedelta(days=6)
     assert not IdempotencyRecord.objects.expired().exists()
+
+
+def test_the_bodys_own_operational_error_is_its_own_in_eager_mode() -> None:
+    # A deadlock on a working connection: the task's autoretry (max_retries=1) runs it again, then
+    # it fails with the body's error, never taken for a lost connection.
+    with pytest.raises(OperationalError, match="deadlock detected"):
+        run(tasks.deadlocks, key="eager-deadlock")
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.attempts, error_of(record)["type"]) == ("FAILED", 2, "OperationalError")
+    assert calls("eager-deadlock") == 2

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -11,26 +12,17 @@ from typing import Any
 import pytest
 import redis
 from django.core.management import CommandError, call_command
-from django.test import override_settings
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
+from django_idempotent_tasks.management import key_state
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
+from tests.helpers import REFUSED, redis_down
 
 pytestmark = pytest.mark.django_db
 
 LABEL = "key 'order-1' in scope 's'"
-REDIS_DOWN = override_settings(
-    CACHES={
-        "locks": {
-            "BACKEND": "django_redis.cache.RedisCache",
-            "LOCATION": "redis://127.0.0.1:1/0",
-            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1},
-        }
-    }
-)
-REFUSED = "Error 111 connecting to 127.0.0.1:1. Connection refused"
 
 
 def run(*args: str) -> str:
@@ -157,7 +149,7 @@ def test_status_of_a_key_in_several_scopes_needs_scope() -> None:
 
 def test_status_when_redis_does_not_answer() -> None:
     records.make("order-1")
-    with REDIS_DOWN:
+    with redis_down():
         output = run("idempotency_status", "order-1")
     assert output.endswith(f"Redis lock: unknown: Redis did not answer ({REFUSED})\n")
 
@@ -235,7 +227,7 @@ def test_release_is_silent_at_verbosity_0(held: RedisLock, lock_redis: redis.Red
 def test_release_reports_the_lease_before_a_redis_failure() -> None:
     records.stuck("order-1")
     out = StringIO()
-    with REDIS_DOWN, pytest.raises(CommandError) as raised:
+    with redis_down(), pytest.raises(CommandError) as raised:
         call_command("release_idempotency_lock", "order-1", stdout=out)
     assert out.getvalue().startswith(f"Released the expired lease of {LABEL} (fence 1, worker host:1)")
     assert str(raised.value) == f"Could not read the Redis lock of {LABEL}: {REFUSED}."
@@ -254,3 +246,39 @@ def test_release_refuses_when_the_record_moved_on_meanwhile() -> None:
         "nothing was released. Run the command again."
     )
     assert IdempotencyRecord.objects.get().status == "IN_PROGRESS"
+
+
+def test_release_leaves_a_lock_that_changed_hands_after_it_was_read(
+    held: RedisLock, lock_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = key_state.lock_state
+
+    def read_then_lose(scope: str, key: str) -> key_state.LockState:
+        state = read(scope, key)
+        lock_redis.set(held.name, "worker-9.example.internal:777:other")  # it expired; another took it
+        return state
+
+    monkeypatch.setattr(key_state, "lock_state", read_then_lose)
+    assert run("release_idempotency_lock", "order-1", "--scope", "s") == (
+        f"No record for {LABEL}: no lease to release.\n"
+        f"The Redis lock of {LABEL} changed hands while being released: left as it is.\n"
+    )
+    assert lock_redis.get(held.name) == b"worker-9.example.internal:777:other"
+
+
+def test_release_reports_a_redis_failure_after_the_lock_was_read(
+    held: RedisLock, lock_redis: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    read = key_state.lock_state
+    outage = contextlib.ExitStack()
+
+    def read_then_redis_goes_down(scope: str, key: str) -> key_state.LockState:
+        state = read(scope, key)
+        outage.enter_context(redis_down())
+        return state
+
+    monkeypatch.setattr(key_state, "lock_state", read_then_redis_goes_down)
+    with outage, pytest.raises(CommandError) as raised:
+        run("release_idempotency_lock", "order-1", "--scope", "s")
+    assert str(raised.value) == f"Could not release the Redis lock of {LABEL}: {REFUSED}."
+    assert lock_redis.get(held.name) == held.token.encode()

@@ -8,11 +8,12 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.utils import timezone
 
-from django_idempotent_tasks import logs
+from django_idempotent_tasks import logs, signals
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.testapp import tasks
 
@@ -56,13 +57,24 @@ def test_each_line_of_a_delivery_carries_its_context(lines: Callable[[], list[st
     logging.getLogger("django_idempotent_tasks").info("between deliveries")
 
     assert lines() == [
-        f"INFO task-1 {SCOPE} {digest} 1 1 claimed | {SCOPE}[{key}] failed with "
+        f"INFO task-1 {SCOPE} {digest} 1 1 failed | {SCOPE}[{key}] failed with "
         "RuntimeError('attempt 1 fails'); the next delivery may run it again.",
-        f"INFO task-3 {SCOPE} {digest} None None started | {SCOPE}[{key}] already succeeded; "
+        f"INFO task-3 {SCOPE} {digest} None None replayed | {SCOPE}[{key}] already succeeded; "
         "replaying the stored result.",
-        f"ERROR task-4 {SCOPE} {digest} None None started | {SCOPE}[{key}] was sent again with "
+        f"ERROR task-4 {SCOPE} {digest} None None mismatch | {SCOPE}[{key}] was sent again with "
         "different arguments; not executed.",
         "INFO None None None None None None | between deliveries",
+    ]
+
+
+def test_a_key_failed_for_good_logs_the_exhausted_outcome(lines: Callable[[], list[str]]) -> None:
+    scope = "tests.testapp.tasks.fails_for_good"
+    digest = logs.key_hash("doomed")
+    tasks.fails_for_good.apply((1,), {"idempotency_key": "doomed"}, task_id="only")  # its one attempt
+    tasks.fails_for_good.apply((1,), {"idempotency_key": "doomed"}, task_id="after")
+    assert [line.split(" | ")[0] for line in lines()] == [
+        f"INFO only {scope} {digest} 1 1 failed",
+        f"ERROR after {scope} {digest} None None exhausted",
     ]
 
 
@@ -103,3 +115,24 @@ def test_installing_twice_adds_one_filter() -> None:
 def test_fields_given_by_the_caller_are_kept(lines: Callable[[], list[str]]) -> None:
     logging.getLogger("django_idempotent_tasks").info("explicit", extra={"task_id": "mine"})
     assert lines() == ["INFO mine None None None None None | explicit"]
+
+
+def test_signals_sent_outside_a_delivery_leave_the_log_context_alone() -> None:
+    seen: list[Any] = []
+
+    def send() -> None:  # a thread of its own: no delivery runs in it
+        responses = [
+            *signals.task_claimed.send(
+                sender=tasks.failing, key="k", scope="s", fence=1, attempt=1, recovered=False
+            ),
+            *signals.task_replayed.send(sender=tasks.failing, key="k", scope="s"),
+        ]
+        seen.extend(
+            response for receiver, response in responses if receiver in (logs._claimed, logs._outcome)
+        )
+        seen.append(logs.context())
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    thread.join()
+    assert seen == [None, None, None]  # both receivers answered without an error; still no context

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import configparser
+import importlib.util
 import itertools
 import re
+from typing import Any
 
 import django_idempotent_tasks
 from tests.helpers import ROOT
@@ -65,3 +67,32 @@ def test_the_version_lives_in_one_place() -> None:
     setup.read(ROOT / "setup.cfg")
     assert setup["metadata"]["version"] == "attr: django_idempotent_tasks.__version__"
     assert re.fullmatch(r"\d+\.\d+\.\d+", django_idempotent_tasks.__version__)
+
+
+def check_dist() -> Any:
+    """scripts/check_dist.py, the checks `make dist-check` runs on the built wheel."""
+    spec = importlib.util.spec_from_file_location("check_dist", ROOT / "scripts" / "check_dist.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_readme_has_only_absolute_links_for_pypi() -> None:
+    checks = check_dist()
+    assert checks.RELATIVE_LINK.findall('[a](docs/a.md) ![b](docs/b.png) <img src="x.png">') == [
+        ("docs/a.md", ""),
+        ("docs/b.png", ""),
+        ("", "x.png"),
+    ]
+    assert checks.RELATIVE_LINK.findall((ROOT / "README.md").read_text()) == []
+
+
+def test_no_requirements_file_tool_is_a_published_dependency() -> None:
+    setup = configparser.ConfigParser()
+    setup.read(ROOT / "setup.cfg")
+    checks = check_dist()
+    published = {checks._name(line) for line in setup["options"]["install_requires"].split()}
+    published |= {checks._name(line) for line in setup["options.extras_require"]["metrics"].split()}
+    assert {"pytest", "ruff", "django-celery-beat", "celery-once"} <= checks.dev_tools()
+    assert not published & checks.dev_tools()

@@ -7,11 +7,15 @@ from typing import Any
 
 import pytest
 from celery import Celery, _state
+from django.apps import apps
 from django.conf import settings
 from django.core import checks
 
 from django_idempotent_tasks.celery_checks import PURGE_TASK, check_purge_scheduled
 from django_idempotent_tasks.checks import TAG
+
+# With django-celery-beat installed, the check reads its PeriodicTask table.
+pytestmark = pytest.mark.django_db
 
 ID = "django_idempotent_tasks.W009"
 EXPECTED = checks.Warning(
@@ -61,4 +65,37 @@ def test_a_beat_entry_for_the_purge_passes(make_app: Callable[..., Celery]) -> N
 
 def test_a_beat_schedule_without_the_purge_warns(make_app: Callable[..., Celery]) -> None:
     make_app(beat_schedule={"report": {"task": "shop.tasks.report", "schedule": 60}})
+    assert check_purge_scheduled() == [EXPECTED]
+
+
+beat_database = pytest.mark.skipif(
+    not apps.is_installed("django_celery_beat"),
+    reason="django-celery-beat is not installed: it does not support Django 6.1 yet (tox.ini)",
+)
+
+
+def periodic_task(task: str, enabled: bool = True) -> None:
+    """A row of django-celery-beat's DatabaseScheduler, as its admin makes one."""
+    interval = apps.get_model("django_celery_beat", "IntervalSchedule")._default_manager.create(
+        every=1, period="hours"
+    )
+    apps.get_model("django_celery_beat", "PeriodicTask")._default_manager.create(
+        name=f"run {task}", task=task, interval=interval, enabled=enabled
+    )
+
+
+@beat_database
+def test_an_enabled_periodic_task_of_the_database_scheduler_passes(make_app: Callable[..., Celery]) -> None:
+    make_app(beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler")
+    periodic_task(PURGE_TASK)
+    assert check_purge_scheduled() == []
+
+
+@beat_database
+@pytest.mark.parametrize(("task", "enabled"), [(PURGE_TASK, False), ("shop.tasks.report", True)])
+def test_a_disabled_or_other_periodic_task_warns(
+    make_app: Callable[..., Celery], task: str, enabled: bool
+) -> None:
+    make_app(beat_scheduler="django_celery_beat.schedulers:DatabaseScheduler")
+    periodic_task(task, enabled=enabled)
     assert check_purge_scheduled() == [EXPECTED]

@@ -12,8 +12,8 @@ import pytest
 from django_idempotent_tasks import signals
 from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests.helpers import calls
 from tests.testapp import tasks
-from tests.testapp.faults import control
 
 pytestmark = pytest.mark.django_db(transaction=True)
 KINDS = sorted(tasks.REFUSED)
@@ -22,10 +22,6 @@ KINDS = sorted(tasks.REFUSED)
 def error_of(record: IdempotencyRecord) -> dict[str, str]:
     assert record.error is not None
     return dict(record.error)
-
-
-def calls(key: str) -> int:
-    return int(control().get(f"calls:{key}") or 0)
 
 
 def run(task: Any, kind: str, key: str) -> Any:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import pytest
 
 from django_idempotent_tasks.exceptions import LeaseLost
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.helpers import Worker, wait_for
-from tests.test_workers import body_pid, finished, logged
+from tests.helpers import SETTLE_TIMEOUT, Worker, body_pid, calls, finished, lapsed, leases_lost, wait_for
 from tests.testapp import tasks
 from tests.testapp.faults import arm, control
 from tests.testapp.models import Effect
@@ -88,7 +86,7 @@ class TestWorkers:
         done = finished("inside-step")
         rows = list(Effect.objects.filter(key="inside-step").order_by("pk").values_list("fence", "recovered"))
         assert rows == [(2, True), (2, True)]  # the killed step's write rolled back with it
-        assert int(control().get("calls:inside-step") or 0) == 3  # charge twice (external), notify once
+        assert calls("inside-step") == 3  # charge twice (external), notify once
         assert done.steps["charge"] == {"value": "charge-12", "fence": 2}
 
     @pytest.mark.row_locks
@@ -97,15 +95,15 @@ class TestWorkers:
         pid = body_pid("paused-step")
         os.kill(pid, signal.SIGSTOP)
         try:
-            time.sleep(3)  # past the lease (lock_ttl=2)
+            lapsed(tasks.slow_step.name, "paused-step")
             control().delete("pid:paused-step")
             tasks.slow_step.delay(4, idempotency_key="paused-step")
             done = finished("paused-step")
         finally:
             os.kill(pid, signal.SIGCONT)
         wait_for(
-            lambda: logged(running_workers, f"{tasks.slow_step.name}[paused-step] lost its lease (fence 1)"),
-            timeout=60,
+            lambda: 1 in leases_lost("paused-step"),
+            timeout=SETTLE_TIMEOUT,
             what="the paused holder to be refused",
         )
         assert done.steps == {"slow": {"value": "slow", "fence": 2}}

@@ -40,7 +40,12 @@ def test_lookup_returns_the_record_with_decoded_fields() -> None:
     assert record.status == IdempotencyRecord.Status.SUCCEEDED
     assert record.result == {"nested": [1, "two", None]}
     assert record.steps == {}
-    assert isinstance(record.completed_at, datetime) and record.completed_at.tzinfo is not None
+    assert (record.error, record.attempts, record.fence, record.task_id) == (None, 1, 1, "id")
+    # Timestamps are the model's (the admin's); the delivery path decides by none of them.
+    assert not hasattr(record, "completed_at")
+    stored = IdempotencyRecord.objects.get(pk=record.pk)
+    assert isinstance(stored.created_at, datetime) and stored.created_at == stored.started_at
+    assert stored.completed_at is not None and stored.completed_at.tzinfo is not None
 
 
 @pytest.mark.parametrize("key", AWKWARD_KEYS)

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import importlib.metadata
+import threading
 from typing import Any
 
 import pytest
 from django.test import TransactionTestCase
 
+from django_idempotent_tasks import signals
 from django_idempotent_tasks.exceptions import MissingIdempotencyKey
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.testing import assert_runs_once, count_executions
+from tests.helpers import wait_for
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
@@ -87,6 +90,34 @@ def test_assert_runs_once_fails_when_the_key_was_used_before() -> None:
     tasks.record_effect.apply(args=(1,), kwargs={"idempotency_key": "used"})
     with pytest.raises(AssertionError, match="ran 0 times.*Was the key used before"):
         assert_runs_once(tasks.record_effect, 1, key="used", times=3)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_assert_runs_once_fails_when_the_deliveries_answer_differently() -> None:
+    # Something rewrote the stored result after the first delivery: its replays answer otherwise.
+    def rewrite(sender: Any, key: str, **kwargs: Any) -> None:
+        IdempotencyRecord.objects.filter(key=key).update(result={"value": "rewritten"})
+
+    signals.task_completed.connect(rewrite, sender=tasks.record_effect)
+    try:
+        with pytest.raises(AssertionError, match="under key 'rewritten' returned different results"):
+            assert_runs_once(tasks.record_effect, 1, key="rewritten", times=2, threads=False)
+    finally:
+        signals.task_completed.disconnect(rewrite, sender=tasks.record_effect)
+    assert Effect.objects.filter(key="rewritten").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_assert_runs_once_fails_when_the_deliveries_outlast_the_timeout() -> None:
+    with pytest.raises(
+        AssertionError, match=r"2 deliveries of .*concurrent_effect did not all finish within 0.2 s"
+    ):
+        assert_runs_once(tasks.concurrent_effect, 1, sleep=2, key="slow", times=2, timeout=0.2)
+    wait_for(
+        lambda: not any(thread.name.startswith("assert-runs-once-") for thread in threading.enumerate()),
+        what="the deliveries to finish",
+    )
+    assert IdempotencyRecord.objects.get(key="slow").status == "SUCCEEDED"
 
 
 @pytest.mark.django_db(transaction=True)

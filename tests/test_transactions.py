@@ -12,15 +12,12 @@ from django.utils import timezone
 from django_idempotent_tasks import store
 from django_idempotent_tasks.exceptions import LeaseLost
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
+from tests.helpers import calls
 from tests.testapp import tasks
 from tests.testapp.faults import control
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def calls(key: str) -> int:
-    return int(control().get(f"calls:{key}") or 0)
 
 
 def run(task: Any, *args: Any, key: str) -> Any:

@@ -16,7 +16,7 @@ from django.db.models.lookups import Exact
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotent_tasks import store
+from django_idempotent_tasks import compat, store
 from django_idempotent_tasks.models import IdempotencyRecord
 
 if TYPE_CHECKING:
@@ -77,7 +77,8 @@ class RecordChangeList(ChangeList):
     # *args: Django 5.0 added exclude_parameters, which 4.2 does not accept.
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
         queryset = super().get_queryset(request, *args, **kwargs).defer("result", "error", "steps")
-        if self.params.get(ExpiredFilter.parameter_name) == "yes" and ORDER_VAR not in self.params:
+        params = compat.changelist_params(self)
+        if params.get(ExpiredFilter.parameter_name) == "yes" and ORDER_VAR not in params:
             # Expired records are the oldest: walking the primary key down from the newest would
             # read most of the table before finding them. Sorting "pk + 0" lets PostgreSQL fetch
             # them through the expires_at index and sort only those.
@@ -94,8 +95,7 @@ class EstimatedCountPaginator(_Paginator):
 
     @cached_property
     def count(self) -> int:
-        query = getattr(self.object_list, "query", None)
-        if query is not None and not query.where and not query.distinct:
+        if compat.is_unfiltered(self.object_list):
             estimate = estimated_rows()
             if estimate is not None and estimate > self.estimate_above:
                 self.estimated = True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import calendar
+from collections.abc import Callable
 from datetime import date
 from typing import Any
 
@@ -10,7 +11,7 @@ from django.utils import formats, timezone
 from django.utils.text import capfirst
 from django.utils.translation import gettext
 
-from django_idempotent_tasks import store
+from django_idempotent_tasks import compat, store
 
 
 def created_range() -> tuple[date, date] | None:
@@ -45,42 +46,40 @@ def hierarchy(cl: Any) -> dict[str, Any]:
     if span is None:
         return {"show": False}
     first, last = span
+    params = compat.changelist_params(cl)
     # The changelist has already answered invalid date parameters with its error redirect.
-    year, month, day = (int(cl.params[names[part]]) if names[part] in cl.params else None for part in names)
+    year, month, day = (int(params[name]) if name in params else None for name in names.values())
 
     def link(**parts: int) -> str:
         return str(cl.get_query_string({names[k]: v for k, v in parts.items()}, [f"{field}__"]))
 
     if year is None and first.year == last.year:
         year, month = first.year, (first.month if first.month == last.month else None)
+    return {"show": True, **_level(link, first, last, year, month, day)}
+
+
+def _title(when: date, format_name: str) -> str:
+    return capfirst(formats.date_format(when, format_name))
+
+
+def _level(
+    link: Callable[..., str], first: date, last: date, year: int | None, month: int | None, day: int | None
+) -> dict[str, Any]:
+    """The back link and the choices of the level the date parameters chose."""
     if year is not None and month is not None and day is not None:
         chosen = date(year, month, day)
-        back = {
-            "link": link(year=year, month=month),
-            "title": capfirst(formats.date_format(chosen, "YEAR_MONTH_FORMAT")),
-        }
-        return {
-            "show": True,
-            "back": back,
-            "choices": [{"title": capfirst(formats.date_format(chosen, "MONTH_DAY_FORMAT"))}],
-        }
+        back = {"link": link(year=year, month=month), "title": _title(chosen, "YEAR_MONTH_FORMAT")}
+        return {"back": back, "choices": [{"title": _title(chosen, "MONTH_DAY_FORMAT")}]}
     if year is not None and month is not None:
         choices = [
-            {
-                "link": link(year=year, month=month, day=d.day),
-                "title": capfirst(formats.date_format(d, "MONTH_DAY_FORMAT")),
-            }
+            {"link": link(year=year, month=month, day=d.day), "title": _title(d, "MONTH_DAY_FORMAT")}
             for d in _days(first, last, year, month)
         ]
-        return {"show": True, "back": {"link": link(year=year), "title": str(year)}, "choices": choices}
+        return {"back": {"link": link(year=year), "title": str(year)}, "choices": choices}
     if year is not None:
         choices = [
-            {
-                "link": link(year=year, month=m.month),
-                "title": capfirst(formats.date_format(m, "YEAR_MONTH_FORMAT")),
-            }
+            {"link": link(year=year, month=m.month), "title": _title(m, "YEAR_MONTH_FORMAT")}
             for m in _months(first, last, year)
         ]
-        return {"show": True, "back": {"link": link(), "title": gettext("All dates")}, "choices": choices}
-    choices = [{"link": link(year=y), "title": str(y)} for y in range(first.year, last.year + 1)]
-    return {"show": True, "choices": choices}
+        return {"back": {"link": link(), "title": gettext("All dates")}, "choices": choices}
+    return {"choices": [{"link": link(year=y), "title": str(y)} for y in range(first.year, last.year + 1)]}

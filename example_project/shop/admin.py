@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
-from shop.models import Charge, Delivery, Order
+from shop.models import Charge, Delivery, Order, Replay
 
 
 class ChargeInline(admin.TabularInline):
@@ -35,3 +35,8 @@ class ChargeAdmin(admin.ModelAdmin):
 class DeliveryAdmin(admin.ModelAdmin):
     list_display = ("task_id", "task_name", "order", "pid", "redelivered", "outcome", "started_at")
     list_filter = ("task_name", "outcome", "redelivered")
+
+
+@admin.register(Replay)
+class ReplayAdmin(admin.ModelAdmin):
+    list_display = ("key", "scope", "count")

@@ -9,6 +9,9 @@ class ShopConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
+        from shop import receivers
+
+        receivers.connect()
         if settings.SHOP_DEMO_HOOKS:
             from shop.demo import hooks
 

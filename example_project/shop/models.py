@@ -55,3 +55,17 @@ class Delivery(models.Model):
 
     def __str__(self) -> str:
         return f"{self.task_name}[{self.task_id}] {self.outcome or 'running'}"
+
+
+class Replay(models.Model):
+    """How many deliveries of a key were answered from its stored result (shop/receivers.py)."""
+
+    scope = models.CharField(max_length=255)
+    key = models.CharField(max_length=255)
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["scope", "key"], name="shop_replay_scope_key")]
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.count} replays"

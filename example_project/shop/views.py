@@ -11,7 +11,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 
 from django_idempotent_tasks.models import IdempotencyRecord
-from shop.models import Order
+from shop.models import Order, Replay
 from shop.tasks import charge_customer_idempotent, send_order_confirmation
 
 
@@ -54,7 +54,11 @@ def checkout(request: HttpRequest) -> HttpResponse:
 def order_detail(request: HttpRequest, pk: int) -> HttpResponse:
     order = get_object_or_404(Order, pk=pk)
     keys = [order.idempotency_key("charge"), order.idempotency_key("email")]
-    records = IdempotencyRecord.objects.filter(key__in=keys).order_by("key")
+    replays = dict(Replay.objects.filter(key__in=keys).values_list("key", "count"))
+    records = [
+        (record, replays.get(record.key, 0))
+        for record in IdempotencyRecord.objects.filter(key__in=keys).order_by("key")
+    ]
     return render(
         request, "shop/order.html", {"order": order, "charges": order.charges.all(), "records": records}
     )

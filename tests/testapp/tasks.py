@@ -1,4 +1,4 @@
-"""Sample tasks of the test suite. Each execution of a body writes an ``Effect`` row."""
+"""Sample tasks of the test suite. Each execution of a body writes an ``Effect`` row (``effect()``)."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ import datetime
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
-from celery.signals import before_task_publish, task_postrun
+from celery.signals import before_task_publish, task_failure, task_postrun, task_retry
 from django.db import OperationalError, transaction
 from django.dispatch import receiver
 
@@ -23,7 +24,8 @@ from tests.testapp.faults import control, reached
 from tests.testapp.models import Effect
 
 
-def effect(task: Any, value: Any) -> dict[str, Any]:
+def effect(task: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    """The sample body: an external call, an ``Effect`` row, a kill point, then ``sleep`` seconds."""
     idem = task.idempotency
     control().set(f"pid:{idem.key}", os.getpid())
     control().incr(f"calls:{idem.key}")  # an external call: it survives a rollback
@@ -31,35 +33,36 @@ def effect(task: Any, value: Any) -> dict[str, Any]:
         key=idem.key, task=task.name, pid=os.getpid(), fence=idem.fence, recovered=idem.recovered
     )
     reached("after_effect", idem.key)
+    time.sleep(sleep)
     return {"value": value, "fence": idem.fence}
+
+
+def effect_failing(task: Any, fail_times: int, error: Callable[[], BaseException]) -> dict[str, Any]:
+    """The sample body, then ``error()`` raised on each of the first ``fail_times`` attempts."""
+    result = effect(task, fail_times)
+    if task.idempotency.attempt <= fail_times:
+        raise error()
+    return result
 
 
 @shared_task(base=IdempotentTask, bind=True, ignore_result=True)
 def record_effect(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
-    result = effect(self, value)
-    time.sleep(sleep)
-    return result
+    return effect(self, value, sleep)
 
 
 @shared_task(base=IdempotentTask, bind=True, atomic=True, ignore_result=True)
 def atomic_effect(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
-    result = effect(self, value)
-    time.sleep(sleep)
-    return result
+    return effect(self, value, sleep)
 
 
 @shared_task(base=IdempotentTask, bind=True, lock_ttl=2, ignore_result=True)
 def short_lease(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
-    result = effect(self, value)
-    time.sleep(sleep)
-    return result
+    return effect(self, value, sleep)
 
 
 @shared_task(base=IdempotentTask, bind=True, lock_ttl=2, atomic=True, ignore_result=True)
 def short_lease_atomic(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
-    result = effect(self, value)
-    time.sleep(sleep)
-    return result
+    return effect(self, value, sleep)
 
 
 @shared_task(base=IdempotentTask, bind=True, idempotency_key="order-{order_id}")
@@ -84,18 +87,12 @@ def shared_scope_b(self: Any, value: Any) -> dict[str, Any]:
 
 @shared_task(base=IdempotentTask, bind=True, max_attempts=3)
 def failing(self: Any, fail_times: int) -> dict[str, Any]:
-    result = effect(self, fail_times)
-    if self.idempotency.attempt <= fail_times:
-        raise RuntimeError(f"attempt {self.idempotency.attempt} fails")
-    return result
+    return effect_failing(self, fail_times, lambda: RuntimeError(f"attempt {self.idempotency.attempt} fails"))
 
 
 @shared_task(base=IdempotentTask, bind=True, max_retries=5, max_attempts=10, ignore_result=True)
 def retrying(self: Any, fail_times: int) -> dict[str, Any]:
-    result = effect(self, fail_times)
-    if self.idempotency.attempt <= fail_times:
-        raise self.retry(countdown=0, exc=RuntimeError("try again"))
-    return result
+    return effect_failing(self, fail_times, lambda: self.retry(countdown=0, exc=RuntimeError("try again")))
 
 
 @shared_task(
@@ -107,10 +104,7 @@ def retrying(self: Any, fail_times: int) -> dict[str, Any]:
     ignore_result=True,
 )
 def autoretrying(self: Any, fail_times: int) -> dict[str, Any]:
-    result = effect(self, fail_times)
-    if self.idempotency.attempt <= fail_times:
-        raise ConnectionError("confirmation timed out")
-    return result
+    return effect_failing(self, fail_times, lambda: ConnectionError("confirmation timed out"))
 
 
 @shared_task(base=IdempotentTask, bind=True, max_attempts=2, lock_ttl=1, ignore_result=True)
@@ -133,16 +127,12 @@ def takes_key(self: Any, value: int, idempotency_key: str) -> str:
 
 @shared_task(base=IdempotentTask, bind=True, on_conflict="raise", ignore_result=True)
 def raising_conflict(self: Any, sleep: float) -> dict[str, Any]:
-    result = effect(self, sleep)
-    time.sleep(sleep)
-    return result
+    return effect(self, sleep, sleep)
 
 
 @shared_task(base=IdempotentTask, bind=True, on_conflict="wait")
 def waiting_conflict(self: Any, sleep: float) -> dict[str, Any]:
-    result = effect(self, sleep)
-    time.sleep(sleep)
-    return result
+    return effect(self, sleep, sleep)
 
 
 @task_postrun.connect
@@ -154,16 +144,12 @@ def kill_after_completion(sender: Any = None, kwargs: Any = None, **extra: Any) 
 
 @shared_task(base=IdempotentTask, bind=True)
 def concurrent_effect(self: Any, value: Any, sleep: float = 0.5) -> dict[str, Any]:
-    result = effect(self, value)
-    time.sleep(sleep)
-    return result
+    return effect(self, value, sleep)
 
 
 @shared_task(base=IdempotentTask, bind=True, max_retries=0)
 def no_retries(self: Any, sleep: float) -> dict[str, Any]:
-    result = effect(self, sleep)
-    time.sleep(sleep)
-    return {**result, "retries": self.request.retries}
+    return {**effect(self, sleep, sleep), "retries": self.request.retries}
 
 
 @shared_task(base=IdempotentTask, bind=True, atomic=True, on_conflict="raise")
@@ -194,18 +180,12 @@ def place_order(self: Any, order_id: int, failures: int = 0) -> dict[str, Any]:
 
 @shared_task(base=IdempotentTask, bind=True, lock_ttl=2, ignore_result=True)
 def slow_step(self: Any, sleep: float) -> Any:
-    def charge() -> dict[str, Any]:
-        result = effect(self, "slow")
-        time.sleep(sleep)
-        return result
-
-    return self.idempotency.step("slow", charge)
+    return self.idempotency.step("slow", lambda: effect(self, "slow", sleep))
 
 
 @shared_task(base=IdempotentTask, bind=True, time_limit=2, ignore_result=True)
 def too_slow(self: Any) -> None:
-    effect(self, None)
-    time.sleep(30)
+    effect(self, None, sleep=30)
 
 
 @shared_task(base=IdempotentTask, bind=True)
@@ -328,9 +308,37 @@ def hands_on(self: Any, value: int, how: str) -> Any:
     raise Reject("refused", requeue=False)
 
 
+# What the workers did, kept in the control Redis for the worker tests (tests/helpers.py reads it).
+
+
 @receiver(signals.task_replayed)
 def count_replays(sender: Any, key: str, **kwargs: Any) -> None:
-    control().incr(f"replayed:{key}")  # what a worker replayed, for the worker tests
+    control().incr(f"replayed:{key}")
+    request = getattr(sender, "request", None)  # a Celery task; a django.tasks function has none
+    control().rpush(f"replayed_on:{key}", getattr(request, "hostname", None) or "")
+
+
+@receiver(signals.lock_conflict)
+def record_conflicts(sender: Any, key: str, action: str, **kwargs: Any) -> None:
+    control().rpush(f"conflicts:{key}", action)
+
+
+@receiver(signals.lease_lost)
+def record_lost_leases(sender: Any, key: str, fence: int, **kwargs: Any) -> None:
+    control().rpush(f"lease_lost:{key}", fence)
+
+
+@task_failure.connect
+def record_failures(sender: Any = None, exception: Any = None, kwargs: Any = None, **extra: Any) -> None:
+    if kwargs and "idempotency_key" in kwargs:
+        control().rpush(f"errors:{kwargs['idempotency_key']}", type(exception).__name__)
+
+
+@task_retry.connect
+def record_retries(sender: Any = None, request: Any = None, reason: Any = None, **extra: Any) -> None:
+    key = (getattr(request, "kwargs", None) or {}).get("idempotency_key")
+    if key is not None:
+        control().rpush(f"errors:{key}", type(reason).__name__)
 
 
 if os.environ.get("IDEMPOTENT_TESTS_DEPLOY") == "2":  # tests/test_deploy.py: the next release of the task

@@ -59,7 +59,10 @@ class Command(BaseCommand):
         selected = [s for s in SCENARIOS if not scenario or s.number in scenario]
         log_dir = Path(tempfile.mkdtemp(prefix="idempotent-demo-"))
         started = time.monotonic()
-        previous = signal.signal(signal.SIGTERM, _interrupt)
+        # Ctrl-C and SIGTERM both stop the workers and end the run. SIGINT gets a handler of its own:
+        # a shell that starts a command in the background (`make test &`, a CI script) makes it
+        # ignore SIGINT, and Python keeps an inherited SIG_IGN, so the demo would run on.
+        previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         outcomes: list[Outcome] = []
         try:
             broker.reset(QUEUE)
@@ -80,7 +83,8 @@ class Command(BaseCommand):
         except RuntimeError as exc:  # a worker did not start
             raise CommandError(f"{exc} Worker logs: {log_dir}") from exc
         finally:
-            signal.signal(signal.SIGTERM, previous)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             with contextlib.suppress(redis.RedisError):
                 broker.reset(QUEUE)
         self._report(outcomes, time.monotonic() - started, log_dir)

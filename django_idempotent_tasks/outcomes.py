@@ -1,0 +1,39 @@
+"""What one delivery did, as values: the front ends (a Celery task, ``@idempotent``) act on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """The key was already done: the stored value, and the body did not run."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Completed:
+    """The body ran under this delivery's lease and was marked done: its value as stored."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another delivery holds the key: ``action`` is the on_conflict action left to take ("retry",
+    "raise", or "wait" when waiting ran out), ``message`` the TaskInProgress text."""
+
+    action: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """The delivery cannot run now (Redis unreachable, database connection lost): send it again."""
+
+    reason: str
+
+
+Outcome = Replayed | Completed | Busy | Requeue
