@@ -10,6 +10,8 @@ FAULTS = ("child_kill", "main_kill", "db_kill", "ambiguous_commit", "lock_restar
 # Faults after which a body may legitimately run again (RELIABILITY.md W1, W4, W6): the holder
 # died or stalled past its lease between its external call and its completion commit.
 CRASHES = ("child_kill", "main_kill", "pause")
+# The databases whose worker connections go through the drop proxy (ambiguous_commit).
+PROXIED = ("postgresql", "mysql")
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,9 @@ def applicable(boundary: Boundary, fault: str, vendor: str) -> bool:
     if boundary.in_main:
         return fault in ("main_kill", "lock_restart")
     if fault == "ambiguous_commit":
-        # P2 needs the proxy, which carries PostgreSQL's TCP connections; the reply dropped is
-        # that of the statement about to be sent.
-        return vendor == "postgresql" and boundary.id.startswith("sql:") and boundary.phase == "before"
+        # P2 needs the proxy, which carries the worker's TCP connections to the database; the
+        # reply dropped is that of the statement about to be sent.
+        return vendor in PROXIED and boundary.id.startswith("sql:") and boundary.phase == "before"
     return True
 
 

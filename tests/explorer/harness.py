@@ -6,19 +6,23 @@ import contextlib
 import json
 import os
 import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import redis
+from celery.utils.nodenames import host_format
+from django.conf import settings
 from django.db import connection, connections
 
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.chaos.checker import read_answers, text
 from tests.chaos.services import LockRedis, kill_group
 from tests.explorer import verdict
-from tests.explorer.cells import Boundary, Cell
+from tests.explorer.cells import PROXIED, Boundary, Cell
 from tests.explorer.proxy import DropProxy
 from tests.explorer.tasks import KINDS, LEASE
 from tests.helpers import Worker, wait_for
@@ -34,6 +38,7 @@ QUIET_SECONDS = 0.5
 # to take the key over (it retries every CONFLICT_RETRY_DELAY s).
 PAUSE_SECONDS = 4 * LEASE + 2
 PROXY_PORT = int(os.environ.get("EXPLORE_PROXY_PORT", "15460"))
+APP, QUEUE = "tests.explorer.celery_app", "explore"
 
 
 @dataclass
@@ -43,6 +48,7 @@ class Run:
     cell: Cell
     key: str
     struck: bool = False
+    applied: bool = True  # False: db_kill or ambiguous_commit found no database connection open
     notes: list[str] = field(default_factory=list)
     violations: list[str] = field(default_factory=list)
     extra_calls: int = 0
@@ -54,11 +60,13 @@ class Run:
             return "FAIL"
         if not self.struck:
             return "unreached"
+        if not self.applied:
+            return "no-conn"
         return f"ok+{self.extra_calls}ext" if self.extra_calls else "ok"
 
 
 class Explorer:
-    """Owns the lock Redis, the drop proxy (PostgreSQL) and one prefork worker with two children."""
+    """Owns the lock Redis, the drop proxy and one prefork worker with two children (and a spare)."""
 
     def __init__(self, env: dict[str, str], lock_port: int) -> None:
         self.vendor = connection.vendor
@@ -69,11 +77,14 @@ class Explorer:
             "DJANGO_SETTINGS_MODULE": "tests.explorer.settings",
             "IDEMPOTENT_TESTS_LOCK_REDIS_URL": self.lock_redis.url,
         }
-        if self.vendor == "postgresql":
+        if self.vendor in PROXIED:
+            # The worker reaches the database through the drop proxy (TCP, also for a MariaDB
+            # served on its Unix socket: "localhost" is the server on 127.0.0.1).
             db = connection.settings_dict
-            self.proxy = DropProxy(PROXY_PORT, (db["HOST"] or "127.0.0.1", int(db["PORT"] or 5432)))
-            self.env["DATABASE_URL"] = f"postgres://{db['USER']}@127.0.0.1:{PROXY_PORT}/{db['NAME']}"
+            self.proxy = DropProxy(PROXY_PORT, server_address(db))
+            self.env["DATABASE_URL"] = proxied_url(db, PROXY_PORT)
         self.worker: Worker | None = None
+        self.spare: Spare | None = None
         self.control: redis.Redis = control()
         self.recordings: dict[str, list[Boundary]] = {}
 
@@ -81,14 +92,19 @@ class Explorer:
         self.lock_redis.start()
         if self.proxy is not None:
             self.proxy.start()
-        self._start_worker()
+        self.worker = Worker("explore", self.env, app=APP, extra=("-Q", QUEUE)).start()
+        self.spare = Spare("explore1", self.env)
         return self
 
-    def _start_worker(self) -> None:
-        self.worker = Worker("explore", self.env, app="tests.explorer.celery_app", extra=("-Q", "explore"))
-        self.worker.start()
+    def _replace_worker(self) -> None:
+        """After main_kill: the spare takes the queue over, and the next spare starts."""
+        assert self.spare is not None
+        self.worker = self.spare.take_over()
+        self.spare = Spare(f"explore{int(self.worker.name.removeprefix('explore')) + 1}", self.env)
 
     def stop(self) -> None:
+        if self.spare is not None:
+            self.spare.stop()
         if self.worker is not None:
             self.worker.stop()
             kill_group(self.worker.pid)
@@ -171,27 +187,37 @@ class Explorer:
         if fault == "child_kill":
             os.kill(hit["pid"], signal.SIGKILL)
         elif fault == "main_kill":
-            os.kill(self.worker.pid, signal.SIGKILL)
-            kill_group(self.worker.pid)  # its orphaned children die with the group, as in W4
-            assert self.worker.process is not None
-            self.worker.process.wait(timeout=30)
-            self.worker.log_file.close()
-            self._start_worker()
+            self.kill_main()
         elif fault == "db_kill":
             if hit["backend"] is None:
+                run.applied = False
                 run.notes.append("no database connection was open")
             else:
                 run.notes.append(f"backend {hit['backend']} killed: {terminate(hit['backend'])}")
             self.control.rpush(go, "go")
         elif fault == "ambiguous_commit":
             assert self.proxy is not None
-            run.notes.append(f"reply dropped: {self.proxy.arm(hit['port'])}")
+            run.applied = self.proxy.arm(hit["port"])
+            run.notes.append(f"reply dropped: {run.applied}")
             self.control.rpush(go, "go")
         elif fault == "lock_restart":
             self.restart_lock_redis(go)
         elif fault == "pause":
             self.pause(run, hit, duplicate)
         run.notes.append(f"{fault} struck pid {hit['pid']} at {hit['boundary']}")
+
+    def kill_main(self) -> None:
+        """W4: SIGKILL the worker's main process and its group; the spare takes the queue over
+        once every process of the group is gone and the broker has seen their connections close."""
+        assert self.worker is not None and self.worker.process is not None
+        killed = self.worker.pid  # also its process group (a session of its own)
+        os.kill(killed, signal.SIGKILL)
+        kill_group(killed)  # its orphaned children die with the group, as in W4
+        self.worker.process.wait(timeout=30)
+        self.worker.log_file.close()
+        wait_for(lambda: not group_alive(killed), timeout=30, what="the killed worker's processes to exit")
+        broker_round_trip()
+        self._replace_worker()
 
     def restart_lock_redis(self, go: str) -> None:
         """R1: the lock Redis dies without persistence and comes back empty; the holder goes on at
@@ -246,6 +272,71 @@ class Explorer:
             connections.close_all()
 
 
+class Spare:
+    """A worker started ahead on a queue of its own, which takes the explorer's queue over once
+    main_kill killed the worker: a cell does not wait for a worker to start (seconds under load),
+    and still only one worker consumes the queue at a time."""
+
+    def __init__(self, name: str, env: dict[str, str]) -> None:
+        self.worker = Worker(name, env, app=APP, extra=("-Q", f"{name}-idle"))
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._start, name=f"start {name}", daemon=True)
+        self.thread.start()
+
+    def _start(self) -> None:
+        try:
+            self.worker.start()
+        except BaseException as error:  # re-raised by take_over, in the test's thread
+            self.error = error
+
+    def _started(self) -> Worker:
+        self.thread.join(timeout=120)
+        if self.error is not None:
+            raise self.error
+        assert not self.thread.is_alive(), f"worker {self.worker.name} did not start within 120 s"
+        return self.worker
+
+    def take_over(self) -> Worker:
+        worker = self._started()
+        node = host_format(f"{worker.name}@%h")
+        replies = KINDS["external"].app.control.add_consumer(
+            QUEUE, destination=[node], reply=True, timeout=30
+        )
+        assert replies, f"{node} did not answer add_consumer {QUEUE}"
+        return worker
+
+    def stop(self) -> None:
+        with contextlib.suppress(BaseException):
+            self._started().stop()
+        if self.worker.process is not None:
+            kill_group(self.worker.pid)
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (a zombie has closed its sockets)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                return True
+    return False
+
+
+def broker_round_trip() -> None:
+    """One round trip to the broker's Redis once every process of a killed worker exited (a pool
+    child forked after the main process connected shares its broker socket). Redis answers it only
+    after handling the events already pending, the closed connections among them; otherwise a
+    BRPOP the dead worker left blocked could take the redelivery sent next and write it to a dead
+    socket: the message is lost and the key never settles."""
+    url = settings.CELERY_BROKER_URL
+    if url.startswith("redis"):
+        client = redis.Redis.from_url(url)
+        try:
+            client.ping()
+        finally:
+            client.close()
+
+
 def terminate(backend: int) -> bool:
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
@@ -253,3 +344,16 @@ def terminate(backend: int) -> bool:
             return bool(cursor.fetchone()[0])
         cursor.execute(f"KILL {int(backend)}")
         return True
+
+
+def server_address(db: dict[str, Any]) -> tuple[str, int]:
+    """The database server's TCP address (``localhost``, MariaDB's Unix socket, is 127.0.0.1)."""
+    host = db["HOST"] if db["HOST"] not in ("", "localhost") else "127.0.0.1"
+    return host, int(db["PORT"] or (5432 if connection.vendor == "postgresql" else 3306))
+
+
+def proxied_url(db: dict[str, Any], port: int) -> str:
+    """The worker's DATABASE_URL: the same database and user, through the proxy on ``port``."""
+    scheme = "postgres" if connection.vendor == "postgresql" else "mysql"
+    user = db["USER"] + (f":{db['PASSWORD']}" if db["PASSWORD"] else "")
+    return f"{scheme}://{user}@127.0.0.1:{port}/{db['NAME']}"

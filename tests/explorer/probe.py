@@ -83,13 +83,17 @@ def _database_session() -> tuple[int | None, int | None]:
     if raw is None:
         return None, None
     if connection.vendor == "postgresql":
-        sock = socket.socket(fileno=os.dup(raw.pgconn.socket))
-        try:
-            port = sock.getsockname()[1] if sock.family == socket.AF_INET else None
-        finally:
-            sock.close()
-        return int(raw.info.backend_pid), port
-    return int(raw.thread_id()), None
+        return int(raw.info.backend_pid), _local_port(raw.pgconn.socket)
+    return int(raw.thread_id()), _local_port(raw.fileno())
+
+
+def _local_port(fileno: int) -> int | None:
+    """The local TCP port of the socket ``fileno`` (None: a Unix socket)."""
+    sock = socket.socket(fileno=os.dup(fileno))
+    try:
+        return int(sock.getsockname()[1]) if sock.family == socket.AF_INET else None
+    finally:
+        sock.close()
 
 
 def owner(module_file: str | None = None, outermost_wins: bool = True) -> str:

@@ -61,7 +61,10 @@ def test_every_boundary(
     seed = cells.seed()
     runs: dict[str, Run] = {}
     for cell in chosen(kind, explorer, seed):
-        runs[cell.id] = explorer.run(cell)
+        run = runs[cell.id] = explorer.run(cell)
+        if cells.mode() != "slice":  # the full matrix takes long: show each cell as it ends
+            with capsys.disabled():
+                print(f"\n  {run.outcome:>9} {run.seconds:5.1f} s  {cell.id}", end="", flush=True)
     recordings = {kind: explorer.record(kind)}
     with capsys.disabled():
         print(f"\nexplorer {kind} on {VENDOR}, {cells.mode()}, seed {seed} (replay: EXPLORE_SEED={seed})")
@@ -75,4 +78,5 @@ def test_every_boundary(
 def test_regression_cell(cell: str, explorer: Explorer, transactional_db: Any) -> None:
     run = explorer.run(cells.Cell.parse(cell))
     assert run.struck, f"{cell}: the boundary was not reached"
+    assert run.applied, f"{cell}: no database connection was open at the boundary"
     assert not run.violations, f"{cell}: {run.violations} [{run.notes}]"

@@ -95,7 +95,8 @@ def _check_external(run: Run, record: IdempotencyRecord, order: list[str]) -> No
 
 def matrix(kind: str, boundaries: list[Any], runs: dict[str, Run]) -> str:
     """One row per boundary, one column per fault: ok, ok+Next (explained extra calls), FAIL,
-    unreached (the boundary did not occur in that run), '-' (not applicable), '.' (not run)."""
+    unreached (the boundary did not occur in that run), no-conn (no database connection was open
+    there to kill or cut), '-' (not applicable), '.' (not run)."""
     width = max(len(b.id) for b in boundaries)
     lines = [
         f"{kind}: {len(boundaries)} boundaries",
@@ -111,7 +112,8 @@ def matrix(kind: str, boundaries: list[Any], runs: dict[str, Run]) -> str:
 
 
 def totals(recordings: dict[str, list[Any]], runs: dict[str, Run]) -> str:
-    by_fault = Counter(run.cell.fault for run in runs.values() if run.struck)
+    by_fault = Counter(run.cell.fault for run in runs.values() if run.struck and run.applied)
+    idle = Counter(run.cell.fault for run in runs.values() if run.struck and not run.applied)
     failures = [run for run in runs.values() if run.violations]
     extra = [run for run in runs.values() if run.extra_calls]
     lines = [
@@ -120,6 +122,7 @@ def totals(recordings: dict[str, list[Any]], runs: dict[str, Run]) -> str:
         f"{sum(1 for run in runs.values() if not run.struck)}, "
         f"wall time {sum(run.seconds for run in runs.values()):.0f} s",
         "faults struck: " + ", ".join(f"{fault} {by_fault[fault]}" for fault in FAULTS),
+        "no connection open to strike: " + (", ".join(f"{f} {n}" for f, n in idle.items()) or "none"),
         f"extra external calls: {sum(run.extra_calls for run in extra)}",
     ]
     lines += [f"  {run.extra_calls} by {run.cell.id} (the next holder saw recovered)" for run in extra]
