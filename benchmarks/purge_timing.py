@@ -5,7 +5,7 @@ Usage: DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres python -m benchm
 
 It (re)creates its own database on the server of DATABASE_URL, fills it with ``--rows`` expired
 SUCCEEDED records, measures insert latency alone for a few seconds (the baseline of this machine),
-then purges with store.purge while an inserter process calls store.insert in a loop, and prints the
+then purges with purging.purge while an inserter process calls store.insert in a loop, and prints the
 purge's rows per second and the inserter's latencies (longest, 99th percentile, count over 100 ms).
 Not part of ``make test``: it takes minutes and its figures depend on the machine.
 """
@@ -111,7 +111,7 @@ def main() -> None:
     from django.core.management import call_command
     from django.db import connection
 
-    from django_idempotent_tasks import store
+    from django_idempotent_tasks import purging, store
 
     call_command("migrate", verbosity=0)
     started = time.perf_counter()
@@ -134,7 +134,7 @@ def main() -> None:
             batches.append(now - last)
             last = now
 
-        deleted = store.purge(store.records().expired(), batch_size=args.batch_size, progress=progress)
+        deleted = purging.purge(store.records().expired(), batch_size=args.batch_size, progress=progress)
         return deleted, time.perf_counter() - begun
 
     durations, (deleted, seconds) = measure_inserts(url, purge)

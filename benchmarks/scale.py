@@ -10,7 +10,7 @@ from django.db import connection
 from benchmarks import e2e, overhead, report, systems
 from benchmarks.roundtrips import counting
 from benchmarks.workers import Worker
-from django_idempotent_tasks import store
+from django_idempotent_tasks import purging, store
 
 FILL_CHUNK = 100_000
 
@@ -87,10 +87,10 @@ def purge(rows: int) -> str:
         expired = cursor.rowcount
     before = report.load()
     started = time.perf_counter()
-    deleted = store.purge(store.records().expired(), batch_size=1000)
+    deleted = purging.purge(store.records().expired(), batch_size=1000)
     seconds = time.perf_counter() - started
     return report.table(
-        "3b. Purge of expired records (store.purge, batch_size=1000, as the command and the task run it)",
+        "3b. Purge of expired records (purging.purge, batch_size=1000, as the command and the task run it)",
         ["expired rows", "deleted", "seconds", "rows/s", "load"],
         [(f"{expired:,}", f"{deleted:,}", f"{seconds:.1f}", f"{deleted / seconds:,.0f}", before)],
     )

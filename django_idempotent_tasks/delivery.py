@@ -14,7 +14,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
-from django_idempotent_tasks import keys, logs, signals, store
+from django_idempotent_tasks import keys, logs, signals, store, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyKeyMismatch, LeaseLost
 from django_idempotent_tasks.heartbeat import Heartbeat, held_write, renew
 from django_idempotent_tasks.idempotency import Idempotency, running
@@ -243,7 +243,7 @@ def call_body(body: Body, idempotency: Idempotency) -> Any:
 
 def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartbeat) -> Any:
     """Fenced completion; raises LeaseLost (rolling back an atomic body) if the fence moved on."""
-    stored, problem = store.encode_result(value, delivery.max_result_bytes)
+    stored, problem = values.encode_result(value, delivery.max_result_bytes)
     if problem is None:
         try:
             heartbeat.completing.set()
@@ -258,7 +258,7 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
         stored = None
         delivery.send(signals.result_unstorable, reason=problem)
         logger.error("%s succeeded but its result cannot be stored: %s", delivery.label, problem)
-        error = store.error_shape("UnstorableResult", problem)
+        error = values.error_shape("UnstorableResult", problem)
         done = held_write(
             delivery, heartbeat, lambda: store.complete(claim, None, error, delivery.record_ttl)
         )
@@ -292,7 +292,7 @@ def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException, h
     # A value the database refuses was already computed by a step: running the body again would
     # repeat that step, so the key fails for good.
     for_good = delivery.max_attempts if isinstance(cause, UnstorableValue) else None
-    error = store.describe_error(cause)
+    error = values.describe_error(cause)
     if held_write(delivery, heartbeat, lambda: store.fail(claim, error, for_good_after=for_good)):
         delivery.send(signals.task_failed, fence=claim.fence, exc=cause)
         logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)

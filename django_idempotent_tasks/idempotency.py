@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 from django.db import transaction
 
-from django_idempotent_tasks import keys, store
+from django_idempotent_tasks import keys, store, values
 from django_idempotent_tasks.exceptions import LeaseLost
 from django_idempotent_tasks.values import UnstorableValue
 
@@ -87,7 +87,7 @@ class Idempotency:
     def save_step(self, name: str, value: Any) -> Any:
         """Checkpoint one step's result with a fenced write; returns the stored JSON form."""
         self.ensure_lease(f"The checkpoint of step {name!r}")
-        stored, problem = store.encode_result(value, self.max_result_bytes)
+        stored, problem = values.encode_result(value, self.max_result_bytes)
         if problem is not None:
             raise UnstorableValue(f"Step {name!r} cannot be checkpointed. {problem}")
         steps = {**self.steps, name: stored}

@@ -3,23 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
-import weakref
-from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connections, models, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from django_idempotent_tasks import compat
-from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord, later_sql
-from django_idempotent_tasks.values import describe_error as describe_error
-from django_idempotent_tasks.values import encode_result as encode_result
-from django_idempotent_tasks.values import error_shape as error_shape
+from django_idempotent_tasks import statements
+from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
+from django_idempotent_tasks.values import error_shape
 
 Status = IdempotencyRecord.Status
 
@@ -94,64 +89,20 @@ def lookup(scope: str, key: str) -> Row | None:
     alias = database()
     connection = connections[alias]
     with connection.cursor() as cursor:
-        cursor.execute(_select_sql(alias, _ROW_COLUMNS, "scope", "key"), [scope, key])
+        cursor.execute(statements.select_sql(alias, _ROW_COLUMNS, "scope", "key"), [scope, key])
         values = cursor.fetchone()
-    return None if values is None else Row(*_decode(connection, _ROW_COLUMNS, values))
+    return None if values is None else Row(*statements.decode(connection, _ROW_COLUMNS, values))
 
 
 _ROW_COLUMNS = tuple(field.name for field in dataclasses.fields(Row))
-
-
-def _field(name: str) -> models.Field[Any, Any]:
-    meta = IdempotencyRecord._meta
-    return meta.pk if name == "pk" else meta.get_field(name)  # type: ignore[return-value]
-
-
-def _column(name: str) -> str:
-    field = _field(name)
-    return field.column or field.name
-
-
-@functools.cache
-def _select_sql(alias: str, names: tuple[str, ...], *where: str) -> str:
-    quote = connections[alias].ops.quote_name
-    columns = ", ".join(quote(_column(name)) for name in names)
-    condition = " AND ".join(f"{quote(_column(name))} = %s" for name in where)
-    return f"SELECT {columns} FROM {quote(IdempotencyRecord._meta.db_table)} WHERE {condition}"
-
-
-Converter = Callable[[Any, Any, Any], Any]
-_converters: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], list[tuple[Any, list[Converter]]]]] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def _decode(connection: Any, names: tuple[str, ...], values: Sequence[Any]) -> list[Any]:
-    """``values`` read from the columns of ``names``, converted as the ORM converts them."""
-    known = _converters.setdefault(connection, {})
-    if names not in known:  # the backend's and the field's converters, found once per connection
-        columns = [_field(name).cached_col for name in names]
-        known[names] = [
-            (col, [*connection.ops.get_db_converters(col), *col.field.get_db_converters(connection)])
-            for col in columns
-        ]
-    decoded = []
-    for value, (col, converters) in zip(values, known[names], strict=True):
-        for convert in converters:
-            value = convert(value, col, connection)
-        decoded.append(value)
-    return decoded
 
 
 def _savepoint() -> AbstractContextManager[Any]:
     # Inside a caller's transaction an IntegrityError would poison it: isolate the INSERT.
     # In autocommit mode the INSERT is its own transaction and a savepoint costs two round trips.
     alias = database()
-    return (
-        transaction.atomic(using=alias)
-        if transaction.get_connection(alias).in_atomic_block
-        else nullcontext()
-    )
+    in_block = transaction.get_connection(alias).in_atomic_block
+    return transaction.atomic(using=alias) if in_block else nullcontext()
 
 
 def _forget(record: Snapshot, *names: str) -> None:
@@ -179,9 +130,9 @@ def insert(
     row = Row(
         0, scope, key, task_name, Status.IN_PROGRESS, fingerprint, None, None, {}, 1, 1, task_id, worker
     )
-    sql, returning = _insert_sql(alias)
-    now = _prepare(connection, "created_at", timezone.now())
-    params = [*(_prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
+    sql, returning = statements.insert_sql(alias, (*_INSERTED, *_STAMPED), _CLOCKED)
+    now = statements.prepare(connection, "created_at", timezone.now())
+    params = [*(statements.prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
     try:
         with _savepoint(), connection.cursor() as cursor:
             cursor.execute(sql, [*params, lease_seconds, record_ttl])
@@ -189,7 +140,7 @@ def insert(
             row.pk = (
                 cursor.fetchone()[0]
                 if returning
-                else connection.ops.last_insert_id(cursor, table, _column("pk"))
+                else connection.ops.last_insert_id(cursor, table, statements.column("pk"))
             )
     except IntegrityError:
         return None
@@ -201,36 +152,6 @@ def insert(
 _INSERTED = _ROW_COLUMNS[1:]
 _STAMPED = ("created_at", "started_at")
 _CLOCKED = ("lease_expires_at", "expires_at")
-
-
-def _prepare(connection: Any, name: str, value: Any) -> Any:
-    """``value`` as the field prepares it for the database, as the ORM would. Text and integers go
-    as they are on every backend: only JSON and datetimes are adapted (and cost a call)."""
-    if value is None or name not in _ADAPTED:
-        return value
-    return _field(name).get_db_prep_save(value, connection)
-
-
-_ADAPTED = frozenset(
-    field.name
-    for field in IdempotencyRecord._meta.concrete_fields
-    if isinstance(field, (models.JSONField, models.DateTimeField))
-)
-
-
-@functools.cache
-def _insert_sql(alias: str) -> tuple[str, bool]:
-    """One precompiled INSERT (the ORM's create() cost more CPU than its round trip), and whether it
-    returns the new primary key itself (RETURNING) rather than through the cursor."""
-    connection = connections[alias]
-    quote, clock = connection.ops.quote_name, later_sql(connection.vendor)
-    columns = ", ".join(quote(_column(name)) for name in (*_INSERTED, *_STAMPED, *_CLOCKED))
-    values = ", ".join([*("%s" for _ in (*_INSERTED, *_STAMPED)), clock, clock])
-    sql = f"INSERT INTO {quote(IdempotencyRecord._meta.db_table)} ({columns}) VALUES ({values})"
-    returning = bool(connection.features.can_return_columns_from_insert)
-    if returning:
-        sql += " " + connection.ops.return_insert_columns([_field("pk")])[0]  # type: ignore[attr-defined]
-    return sql, returning
 
 
 def take_over(
@@ -265,9 +186,9 @@ def _steps(pk: int) -> dict[str, Any]:
     alias = database()
     connection = connections[alias]
     with connection.cursor() as cursor:
-        cursor.execute(_select_sql(alias, ("steps",), "pk"), [pk])
+        cursor.execute(statements.select_sql(alias, ("steps",), "pk"), [pk])
         found = cursor.fetchone()
-    return {} if found is None else dict(_decode(connection, ("steps",), found)[0] or {})
+    return {} if found is None else dict(statements.decode(connection, ("steps",), found)[0] or {})
 
 
 def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: Any) -> bool:
@@ -280,26 +201,14 @@ def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: An
     """
     alias = database()
     connection = connections[alias]
-    params = [_prepare(connection, name, value) for name, value in values.items()]
+    params = [statements.prepare(connection, name, value) for name, value in values.items()]
     later = later or {}
     with connection.cursor() as cursor:
         cursor.execute(
-            _update_held_sql(alias, tuple(values), tuple(later)),
+            statements.update_held_sql(alias, tuple(values), tuple(later)),
             [*params, *later.values(), claim.record.pk, claim.fence, Status.IN_PROGRESS],
         )
         return bool(cursor.rowcount == 1)
-
-
-@functools.cache
-def _update_held_sql(alias: str, names: tuple[str, ...], later: tuple[str, ...]) -> str:
-    meta, quote = IdempotencyRecord._meta, connections[alias].ops.quote_name
-    column = {field.name: quote(field.column or field.name) for field in meta.concrete_fields}
-    clock = later_sql(connections[alias].vendor)
-    assignments = ", ".join(
-        [*(f"{column[name]} = %s" for name in names), *(f"{column[name]} = {clock}" for name in later)]
-    )
-    where = f"{column[meta.pk.name]} = %s AND {column['fence']} = %s AND {column['status']} = %s"
-    return f"UPDATE {quote(meta.db_table)} SET {assignments} WHERE {where}"
 
 
 def renew(claim: Claim, lease_seconds: int) -> bool:
@@ -387,31 +296,3 @@ def fail_task(scope: str, key: str, task_id: str, error: dict[str, str], worker:
         return False
     # By fence: if another delivery took the key over since, this write matches nothing.
     return _mark_failed(records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS), error)
-
-
-def purgeable(queryset: Any) -> Any:
-    """``queryset`` without the IN_PROGRESS records whose lease is live: those are never purged."""
-    return queryset.not_live()
-
-
-def purge(queryset: Any, *, batch_size: int, progress: Any = None) -> int:
-    """Delete the records of ``queryset`` in batches, one short transaction each; returns the count."""
-    deleted, after = 0, None
-    while True:
-        page = purgeable(queryset).order_by("pk")
-        if after is not None:
-            # Walk forward by primary key: restarting from the top would rescan the dead rows of
-            # the batches already deleted, which makes a long purge quadratic.
-            page = page.filter(pk__gt=after)
-        batch = list(page.values_list("pk", flat=True)[:batch_size])
-        if not batch:
-            return deleted
-        after = batch[-1]
-        # One DELETE that re-checks the filters and the lease: a delivery may have taken a record
-        # over since the SELECT, and PostgreSQL re-evaluates the WHERE on the row it waited for.
-        # QuerySet.delete() would, with any pre/post_delete receiver connected, select first and
-        # then delete by pk only. Records have no reverse relations, so nothing cascades.
-        current = purgeable(queryset.order_by().filter(pk__in=batch))
-        deleted += compat.raw_delete(current)
-        if progress is not None:
-            progress(deleted)

@@ -15,7 +15,7 @@ from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
-from django_idempotent_tasks import canvas, compat, idempotency, keys, store
+from django_idempotent_tasks import canvas, compat, idempotency, keys, purging, store, values
 from django_idempotent_tasks.conf import conf, conflict_countdown
 from django_idempotent_tasks.delivery import Delivery, deliver
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress, UnstorableResult
@@ -216,7 +216,7 @@ class IdempotentTask(Base):
             call.handed_on = exc
             return HANDED_ON
         if call.check_result:  # eager: say so loudly, after the key is marked done
-            call.unstorable = store.encode_result(value, conf.MAX_RESULT_BYTES)[1]
+            call.unstorable = values.encode_result(value, conf.MAX_RESULT_BYTES)[1]
         return value
 
     @functools.cached_property
@@ -270,7 +270,7 @@ class IdempotentTask(Base):
                 self.idempotency_options.scope,
                 kwargs[KEY_ARGUMENT],
                 task_id,
-                store.describe_error(exc),
+                values.describe_error(exc),
                 worker,
             )
 
@@ -278,4 +278,4 @@ class IdempotentTask(Base):
 @shared_task(name="django_idempotent_tasks.purge_expired_records", ignore_result=True)
 def purge_expired_records(batch_size: int = 1000) -> int:
     """Delete expired records; schedule it with celery beat."""
-    return store.purge(store.records().expired(), batch_size=batch_size)
+    return purging.purge(store.records().expired(), batch_size=batch_size)

@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_idempotent_tasks import store
+from django_idempotent_tasks import purging, store
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
 from tests.helpers import wait_for
@@ -184,7 +184,7 @@ def test_purge_spares_a_record_taken_over_while_it_waited() -> None:
     def purge() -> None:
         try:
             with connection.execute_wrapper(signal_delete(deleting)):
-                outcome.append(store.purge(store.records().expired(), batch_size=10))
+                outcome.append(purging.purge(store.records().expired(), batch_size=10))
         finally:
             connection.close()
 

@@ -10,7 +10,7 @@ from django.core import checks
 from django.core.management import call_command
 from django.db import connection
 
-from django_idempotent_tasks import store
+from django_idempotent_tasks import purging, store
 from django_idempotent_tasks.admin.changelist import search_condition
 from django_idempotent_tasks.checks import check_key_collation
 from django_idempotent_tasks.fields import MARIADB_COLLATION, MYSQL_COLLATION, ExactCharField, exact_collation
@@ -67,9 +67,9 @@ def test_lookup_claim_and_purge_tell_near_keys_apart() -> None:
         is None
     )
     doomed = IdempotencyRecord.objects.filter(scope="s", key="re-x-e")
-    assert store.purge(doomed, batch_size=10) == 0  # live leases are never purged
+    assert purging.purge(doomed, batch_size=10) == 0  # live leases are never purged
     IdempotencyRecord.objects.update(lease_expires_at=None, status=IdempotencyRecord.Status.FAILED)
-    assert store.purge(doomed, batch_size=10) == 1
+    assert purging.purge(doomed, batch_size=10) == 1
     assert sorted(IdempotencyRecord.objects.values_list("key", flat=True)) == sorted(
         set(NEAR_KEYS) - {"re-x-e"}
     )

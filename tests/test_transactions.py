@@ -9,7 +9,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from django_idempotent_tasks import store
+from django_idempotent_tasks import store, values
 from django_idempotent_tasks.exceptions import LeaseLost
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
 from tests.helpers import calls
@@ -106,7 +106,7 @@ def test_a_hard_time_limit_frees_only_the_killed_childs_claim() -> None:
     redelivered = expired_record(
         task_id="t", worker="host:2", lease_expires_at=timezone.now() + timedelta(seconds=60)
     )
-    error = store.error_shape("TimeLimitExceeded", "TimeLimitExceeded(2)")
+    error = values.error_shape("TimeLimitExceeded", "TimeLimitExceeded(2)")
     assert not store.fail_task("s", "k", "t", error, worker="host:1")
     assert IdempotencyRecord.objects.get(pk=redelivered.pk).status == "IN_PROGRESS"
     assert store.fail_task("s", "k", "t", error, worker="host:2")

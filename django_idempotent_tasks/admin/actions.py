@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotent_tasks import store
+from django_idempotent_tasks import purging, store
 from django_idempotent_tasks.models import IdempotencyRecord
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ def purge_logged(request: HttpRequest, queryset: QuerySet[IdempotencyRecord], ho
     """Purge ``queryset`` on the write database, logging each deleted record (or the purge, if large)."""
     queryset = queryset.using(store.database())
     named = list(queryset.values_list("pk", "scope", "key")[: LOGGED_DELETIONS + 1])
-    deleted = store.purge(queryset, batch_size=PURGE_BATCH_SIZE)
+    deleted = purging.purge(queryset, batch_size=PURGE_BATCH_SIZE)
     message = f"Deleted ({how})."
     if len(named) > LOGGED_DELETIONS:
         log_entries(request, DELETION, message, [(None, f"{deleted} idempotency records")])

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.utils import timezone
 from django.utils.translation import ngettext
 
-from django_idempotent_tasks import store
+from django_idempotent_tasks import purging, store
 from django_idempotent_tasks.management import options
 
 
@@ -69,17 +69,17 @@ class Command(BaseCommand):
             queryset = queryset.filter(task_name=task)
 
         if dry_run:
-            count = store.purgeable(queryset).count()
+            count = purging.purgeable(queryset).count()
         else:
             progress = self._progress(queryset) if verbosity >= 1 and self.stdout.isatty() else None
-            count = store.purge(queryset, batch_size=batch_size, progress=progress)
+            count = purging.purge(queryset, batch_size=batch_size, progress=progress)
             if progress is not None and count:
                 self.stdout.write("")
         if verbosity >= 1:
             self.stdout.write(self._summary(count, dry_run))
 
     def _progress(self, queryset: Any) -> Any:
-        total = store.purgeable(queryset).count()
+        total = purging.purgeable(queryset).count()
 
         def show(deleted: int) -> None:
             self.stdout.write(f"\rDeleted {deleted:,} of {total:,} records…", ending="")

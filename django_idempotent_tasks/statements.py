@@ -1,0 +1,106 @@
+"""The delivery path's SQL, precompiled once per database, and its values prepared and decoded by
+the record's own fields, as the ORM would: building a queryset or a model instance per call cost
+more CPU than the round trip itself (BENCHMARKS.md)."""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from django.db import connections, models
+
+from django_idempotent_tasks.models import IdempotencyRecord, later_sql
+
+
+def field(name: str) -> models.Field[Any, Any]:
+    meta = IdempotencyRecord._meta
+    return meta.pk if name == "pk" else meta.get_field(name)  # type: ignore[return-value]
+
+
+def column(name: str) -> str:
+    found = field(name)
+    return found.column or found.name
+
+
+def _table(alias: str) -> str:
+    return connections[alias].ops.quote_name(IdempotencyRecord._meta.db_table)
+
+
+@functools.cache
+def select_sql(alias: str, names: tuple[str, ...], *where: str) -> str:
+    """``SELECT names FROM records WHERE where[0] = %s AND …``."""
+    quote = connections[alias].ops.quote_name
+    columns = ", ".join(quote(column(name)) for name in names)
+    condition = " AND ".join(f"{quote(column(name))} = %s" for name in where)
+    return f"SELECT {columns} FROM {_table(alias)} WHERE {condition}"
+
+
+@functools.cache
+def insert_sql(alias: str, values: tuple[str, ...], clocked: tuple[str, ...]) -> tuple[str, bool]:
+    """``INSERT`` of the columns ``values`` (parameters) and ``clocked`` (the database clock plus a
+    parameter's seconds each), and whether it returns the new primary key itself (RETURNING)
+    rather than through the cursor."""
+    connection = connections[alias]
+    quote, clock = connection.ops.quote_name, later_sql(connection.vendor)
+    columns = ", ".join(quote(column(name)) for name in (*values, *clocked))
+    placeholders = ", ".join([*("%s" for _ in values), *(clock for _ in clocked)])
+    sql = f"INSERT INTO {_table(alias)} ({columns}) VALUES ({placeholders})"
+    returning = bool(connection.features.can_return_columns_from_insert)
+    if returning:
+        sql += " " + connection.ops.return_insert_columns([field("pk")])[0]  # type: ignore[attr-defined]
+    return sql, returning
+
+
+@functools.cache
+def update_held_sql(alias: str, names: tuple[str, ...], later: tuple[str, ...]) -> str:
+    """``UPDATE … SET names = %s, later = clock + %s WHERE pk = %s AND fence = %s AND status = %s``."""
+    quote = connections[alias].ops.quote_name
+    clock = later_sql(connections[alias].vendor)
+    assignments = ", ".join(
+        [
+            *(f"{quote(column(name))} = %s" for name in names),
+            *(f"{quote(column(name))} = {clock}" for name in later),
+        ]
+    )
+    where = " AND ".join(f"{quote(column(name))} = %s" for name in ("pk", "fence", "status"))
+    return f"UPDATE {_table(alias)} SET {assignments} WHERE {where}"
+
+
+_ADAPTED = frozenset(
+    found.name
+    for found in IdempotencyRecord._meta.concrete_fields
+    if isinstance(found, (models.JSONField, models.DateTimeField))
+)
+
+
+def prepare(connection: Any, name: str, value: Any) -> Any:
+    """``value`` as the field prepares it for the database, as the ORM would. Text and integers go
+    as they are on every backend: only JSON and datetimes are adapted (and cost a call)."""
+    if value is None or name not in _ADAPTED:
+        return value
+    return field(name).get_db_prep_save(value, connection)
+
+
+Converter = Callable[[Any, Any, Any], Any]
+_converters: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], list[tuple[Any, list[Converter]]]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def decode(connection: Any, names: tuple[str, ...], values: Sequence[Any]) -> list[Any]:
+    """``values`` read from the columns of ``names``, converted as the ORM converts them."""
+    known = _converters.setdefault(connection, {})
+    if names not in known:  # the backend's and the field's converters, found once per connection
+        columns = [field(name).cached_col for name in names]
+        known[names] = [
+            (col, [*connection.ops.get_db_converters(col), *col.field.get_db_converters(connection)])
+            for col in columns
+        ]
+    decoded = []
+    for value, (col, converters) in zip(values, known[names], strict=True):
+        for convert in converters:
+            value = convert(value, col, connection)
+        decoded.append(value)
+    return decoded
