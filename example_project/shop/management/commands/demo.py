@@ -29,7 +29,16 @@ WORKER_ENV = {
 }
 
 
+class _Stop:
+    """Whether Ctrl-C or SIGTERM asked the demo to stop. The handler's KeyboardInterrupt alone can be
+    lost: raised while an object's ``__del__`` runs (a redis ConnectionPool's, say), Python prints
+    it and goes on. The request is kept here too and checked before each step."""
+
+    requested = False
+
+
 def _interrupt(signum: int, frame: Any) -> NoReturn:
+    _Stop.requested = True
     raise KeyboardInterrupt
 
 
@@ -62,6 +71,7 @@ class Command(BaseCommand):
         # Ctrl-C and SIGTERM both stop the workers and end the run. SIGINT gets a handler of its own:
         # a shell that starts a command in the background (`make test &`, a CI script) makes it
         # ignore SIGINT, and Python keeps an inherited SIG_IGN, so the demo would run on.
+        _Stop.requested = False
         previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
         outcomes: list[Outcome] = []
         try:
@@ -91,6 +101,8 @@ class Command(BaseCommand):
         shutil.rmtree(log_dir, ignore_errors=True)
 
     def _progress(self, line: str) -> None:
+        if _Stop.requested:  # its KeyboardInterrupt was swallowed somewhere: stop now
+            raise KeyboardInterrupt
         if self.verbose:
             self.stdout.write(line)
             self.stdout.flush()
