@@ -49,7 +49,8 @@ def insert_sql(alias: str, values: tuple[str, ...], clocked: tuple[str, ...]) ->
     sql = f"INSERT INTO {_table(alias)} ({columns}) VALUES ({placeholders})"
     returning = bool(connection.features.can_return_columns_from_insert)
     if returning:
-        sql += " " + connection.ops.return_insert_columns([field("pk")])[0]  # type: ignore[attr-defined]
+        # Written out rather than through ops.return_insert_columns, which Django 6.1 renamed.
+        sql += f" RETURNING {quote(column('pk'))}"
     return sql, returning
 
 
