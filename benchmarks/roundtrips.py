@@ -1,4 +1,5 @@
-"""Count the real round trips of one call: PostgreSQL protocol messages and Redis commands."""
+"""Count the real round trips of one call: PostgreSQL protocol messages (or MariaDB's client
+calls) and Redis commands."""
 
 from __future__ import annotations
 
@@ -15,19 +16,20 @@ from django_idempotent_tasks.locks import lock_client
 
 @dataclass
 class RoundTrips:
-    """What one call sent: SQL statements, PostgreSQL round trips by kind, Redis commands."""
+    """What one call sent: SQL statements, database round trips by kind, Redis commands."""
 
     statements: int = 0
     reads: int = 0  # round trips that commit nothing: SELECT, BEGIN, a write inside a transaction
     commits: int = 0  # round trips that commit: COMMIT, or a write in autocommit mode
     redis: list[str] = field(default_factory=list)
+    server: str = "PG"
 
     @property
     def database(self) -> int:
         return self.reads + self.commits
 
     def describe(self) -> str:
-        return f"{self.database} PG ({self.commits} commit) + {len(self.redis)} Redis" + (
+        return f"{self.database} {self.server} ({self.commits} commit) + {len(self.redis)} Redis" + (
             f" ({', '.join(self.redis)})" if self.redis else ""
         )
 
@@ -55,10 +57,10 @@ def _classify(trace: str, counts: RoundTrips) -> None:
 
 @contextmanager
 def counting() -> Iterator[RoundTrips]:
-    """Count what the block sends to PostgreSQL (protocol trace) and to the lock Redis."""
+    """Count what the block sends to the database (PostgreSQL's protocol trace, or the MariaDB
+    client's calls) and to the lock Redis."""
     counts = RoundTrips()
     connection.ensure_connection()
-    pgconn = connection.connection.pgconn
     client = lock_client()
     original: Callable[..., Any] = client.execute_command
 
@@ -70,14 +72,74 @@ def counting() -> Iterator[RoundTrips]:
         counts.statements += 1
         return run(sql, params, many, context)
 
-    with tempfile.TemporaryFile() as trace:
-        pgconn.trace(trace.fileno())
+    tracing = _mysql_calls if connection.vendor == "mysql" else _postgresql_trace
+    with tracing(counts):
         client.execute_command = execute_command
         try:
             with connection.execute_wrapper(execute):
                 yield counts
         finally:
             del client.execute_command
+
+
+@contextmanager
+def _postgresql_trace(counts: RoundTrips) -> Iterator[None]:
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryFile() as trace:
+        pgconn.trace(trace.fileno())
+        try:
+            yield
+        finally:
             pgconn.untrace()
         trace.seek(0)
         _classify(trace.read().decode(errors="replace"), counts)
+
+
+_WRITES = {"INSERT", "UPDATE", "DELETE", "REPLACE"}
+
+
+@contextmanager
+def _mysql_calls(counts: RoundTrips) -> Iterator[None]:
+    # No protocol trace in mysqlclient: its cursors send every statement through Connection.query,
+    # and the transaction commands each through their own call, each call one round trip. The
+    # instance attributes shadow the class's methods until popped (the connection refuses del).
+    raw = connection.connection
+    counts.server = connection.display_name
+    query, commit, rollback = raw.query, raw.commit, raw.rollback
+    autocommit, ping = raw.autocommit, raw.ping
+
+    def counted_query(sql: bytes | str) -> None:
+        verb = (sql.decode(errors="replace") if isinstance(sql, bytes) else sql).split(None, 1)[0].upper()
+        # In autocommit mode a write is its own transaction: it commits, as on PostgreSQL.
+        if verb == "COMMIT" or (verb in _WRITES and raw.get_autocommit()):
+            counts.commits += 1
+        else:
+            counts.reads += 1
+        query(sql)
+
+    def counted_commit() -> None:
+        counts.commits += 1
+        commit()
+
+    def counted_read(call: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any) -> Any:
+            counts.reads += 1
+            return call(*args)
+
+        return counted
+
+    def counted_autocommit(on: bool) -> None:
+        before = raw.get_autocommit()
+        autocommit(on)
+        # mysqlclient sends SET autocommit only when the mode changes, and the server's reply
+        # carries the new mode.
+        if raw.get_autocommit() != before:
+            counts.reads += 1
+
+    raw.query, raw.commit, raw.autocommit = counted_query, counted_commit, counted_autocommit
+    raw.rollback, raw.ping = counted_read(rollback), counted_read(ping)
+    try:
+        yield
+    finally:
+        for name in ("query", "commit", "rollback", "autocommit", "ping"):
+            vars(raw).pop(name)
