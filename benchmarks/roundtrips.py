@@ -96,6 +96,7 @@ def _postgresql_trace(counts: RoundTrips) -> Iterator[None]:
 
 
 _WRITES = {"INSERT", "UPDATE", "DELETE", "REPLACE"}
+_CALLS = ("query", "commit", "rollback", "autocommit", "ping")
 
 
 @contextmanager
@@ -136,10 +137,12 @@ def _mysql_calls(counts: RoundTrips) -> Iterator[None]:
         if raw.get_autocommit() != before:
             counts.reads += 1
 
+    shadowed = {name: vars(raw)[name] for name in _CALLS if name in vars(raw)}  # an outer counting()
     raw.query, raw.commit, raw.autocommit = counted_query, counted_commit, counted_autocommit
     raw.rollback, raw.ping = counted_read(rollback), counted_read(ping)
     try:
         yield
     finally:
-        for name in ("query", "commit", "rollback", "autocommit", "ping"):
+        for name in _CALLS:
             vars(raw).pop(name)
+        vars(raw).update(shadowed)
