@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import time
 from collections.abc import Callable
@@ -25,11 +26,16 @@ SCOPE = idempotent.name
 def prepare() -> None:
     """Migrate, create the floor's table and start from no records and no locks."""
     call_command("migrate", verbosity=0)
+    serial = "bigserial" if connection.vendor == "postgresql" else "bigint AUTO_INCREMENT"
     with connection.cursor() as cursor:
         cursor.execute(
-            "CREATE TABLE IF NOT EXISTS bench_floor (id bigserial PRIMARY KEY, payload text NOT NULL)"
+            f"CREATE TABLE IF NOT EXISTS bench_floor (id {serial} PRIMARY KEY, payload text NOT NULL)"
         )
-        cursor.execute(f"TRUNCATE bench_floor, {RECORDS}")
+        if connection.vendor == "postgresql":
+            cursor.execute(f"TRUNCATE bench_floor, {RECORDS}")
+        else:  # MySQL truncates one table per statement
+            cursor.execute("TRUNCATE bench_floor")
+            cursor.execute(f"TRUNCATE {RECORDS}")
     lock_client().flushdb()
 
 
@@ -39,7 +45,7 @@ class Path:
     call: Callable[[], object]
     target: float | None = None  # p50 at most this many times the floor
     cpu_budget: float | None = None  # CPU per call at most the floor's CPU plus this many seconds
-    wal_syncs: int | None = None  # WAL flushes per call (pg_stat_wal.wal_sync), exactly
+    wal_syncs: int | None = None  # WAL flushes per call (see wal_counter), exactly
     # The round trips its target is measured against, when they are not the ones it sends now.
     floor_trips: RoundTrips | None = None
 
@@ -50,7 +56,8 @@ RECONNECT = "new connection (CELERY_DB_REUSE_MAX unset)"
 def floors() -> list[Path]:
     """The physical floor: one Redis PING, one indexed SELECT, one INSERT + COMMIT (autocommit)."""
     client = lock_client()
-    sql = f"SELECT * FROM {RECORDS} WHERE scope = %s AND key = %s"
+    quote = connection.ops.quote_name  # KEY is a reserved word in MySQL
+    sql = f"SELECT * FROM {RECORDS} WHERE {quote('scope')} = %s AND {quote('key')} = %s"
 
     def select() -> object:
         connection.ensure_connection()
@@ -76,7 +83,7 @@ def reconnect() -> object:
 
 def wal_syncs(call: Callable[[], object], windows: int = 15) -> tuple[int, int]:
     """WAL flushes of one call (min and median over ``windows`` one-call windows), from
-    ``pg_stat_wal.wal_sync``: a cluster-wide counter, so other sessions' flushes can only add."""
+    ``wal_counter()``: a server-wide counter, so other sessions' flushes can only add."""
     deltas = []
     for _ in range(windows):
         before = _wal_sync()
@@ -85,12 +92,27 @@ def wal_syncs(call: Callable[[], object], windows: int = 15) -> tuple[int, int]:
     return min(deltas), round(report.median(deltas))
 
 
-def _wal_sync() -> int:
-    # A backend reports its WAL counters at most once a second unless told to flush them now.
+@functools.cache
+def wal_counter() -> str:
+    """The server's counter of log flushes: PostgreSQL's WAL syncs, or InnoDB's redo-log fsyncs."""
+    if connection.vendor == "postgresql":
+        return "pg_stat_wal.wal_sync"
     with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_force_next_flush()")
-        cursor.execute("SELECT wal_sync FROM pg_stat_wal")
-        return int(cursor.fetchone()[0])
+        cursor.execute("SHOW GLOBAL STATUS LIKE 'Innodb_os_log_fsyncs'")
+        # MariaDB 10.11 has none: its redo-log fsyncs count in Innodb_data_fsyncs, with the
+        # data files' (background page flushes, which can only add, like other sessions).
+        return "Innodb_os_log_fsyncs" if cursor.fetchone() else "Innodb_data_fsyncs"
+
+
+def _wal_sync() -> int:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # A backend reports its WAL counters at most once a second unless told to flush them now.
+            cursor.execute("SELECT pg_stat_force_next_flush()")
+            cursor.execute("SELECT wal_sync FROM pg_stat_wal")
+            return int(cursor.fetchone()[0])
+        cursor.execute("SHOW GLOBAL STATUS LIKE %s", [wal_counter()])
+        return int(cursor.fetchone()[1])
 
 
 def paths() -> list[Path]:
@@ -214,7 +236,7 @@ def _floor_table(m: Measured, calls: int, load: str) -> str:
     ]
     first = m.p50["first execution"]
     return report.table(
-        f"1a. Physical floor ({calls} calls each, {load})",
+        f"1a. Physical floor on {report.database()} ({calls} calls each, {load})",
         ["round trip", "p50", "p95", "CPU/call"],
         rows,
         note=f"The last row is what every task pays on top when Celery's Django fixup closes the "
@@ -246,18 +268,27 @@ def _paths_table(m: Measured) -> str:
         )
     header = ["path", "p50", "p95", "round trips", "floor p50", "CPU/call", "×floor p50", "×floor p95"]
     return report.table(
-        "1b. Our paths against the sum of their own round trips",
+        f"1b. Our paths against the sum of their own round trips on {report.database()}",
         [*header, "WAL syncs/call"],
         rows,
         note="The floor of a path is the sum of its measured round trips (reads at the SELECT floor, "
         "commits at the INSERT + COMMIT floor, Redis commands at the PING floor). Direct calls "
         "(`task(...)`), which run IdempotentTask.__call__ exactly as a worker does. CPU/call is the "
         "process time of the calls (every thread), the part of the wall time spent in Python rather "
-        "than waiting for a server. The atomic path's floor is its target's round trips (1 PG "
+        "than waiting for a server. The atomic path's floor is its target's round trips (1 "
         "read + 1 commit + 2 Redis: claim, body and completion in one commit), not the ones it "
-        "sends today. WAL syncs/call: pg_stat_wal.wal_sync around one call, median "
-        "(and minimum) of 15 calls; the counter is the whole server's, so other sessions only add.",
+        f"sends today. WAL syncs/call: {wal_counter()} around one call, median "
+        "(and minimum) of 15 calls; the counter is the whole server's, so other sessions only add."
+        + _ROUND_TRIPS.get(connection.vendor, ""),
     )
+
+
+_ROUND_TRIPS = {
+    "mysql": " Round trips on MariaDB/MySQL are the client's calls (no protocol trace): every "
+    "statement (Connection.query), commit, rollback, ping and change of autocommit mode (Django's "
+    "transactions send SET autocommit=0 and =1 where PostgreSQL sends BEGIN); a write in "
+    "autocommit mode counts as a commit.",
+}
 
 
 def _floor_cpu(m: Measured, name: str) -> float:
@@ -296,7 +327,9 @@ def targets(m: Measured) -> str:
             _met(trips.database == 1 and trips.commits == 0 and not trips.redis),
         )
     )
-    return report.table("1c. Targets (issue #17)", ["target", "measured", "verdict"], rows)
+    return report.table(
+        f"1c. Targets (issue #17) on {report.database()}", ["target", "measured", "verdict"], rows
+    )
 
 
 def _met(ok: bool) -> str:

@@ -9,6 +9,8 @@ import sys
 from collections.abc import Sequence
 from importlib import metadata
 
+from django.db import connection
+
 
 def percentile(samples: Sequence[float], fraction: float) -> float:
     """The ``fraction`` quantile of ``samples`` (nearest rank)."""
@@ -49,7 +51,7 @@ def table(title: str, header: Sequence[str], rows: Sequence[Sequence[object]], n
 
 
 def versions() -> str:
-    """Python, Django, Celery, the peers, PostgreSQL-client and Redis-client versions of this run."""
+    """Python, Django, Celery, the peers, database-client and Redis-client versions of this run."""
     names = [
         "django",
         "celery",
@@ -57,6 +59,7 @@ def versions() -> str:
         "redis",
         "django-redis",
         "psycopg",
+        "mysqlclient",
         "celery-once",
         "celery-singleton",
     ]
@@ -67,6 +70,15 @@ def versions() -> str:
         except metadata.PackageNotFoundError:
             found.append(f"{name} missing")
     return f"Python {sys.version.split()[0]}, " + ", ".join(found)
+
+
+def database() -> str:
+    """The vendor and server version of the database measured, e.g. ``PostgreSQL 15.20``."""
+    connection.ensure_connection()
+    if connection.vendor == "mysql":
+        return f"{connection.display_name} {connection.mysql_server_info.split('-')[0]}"
+    major, minor = divmod(connection.pg_version, 10_000)
+    return f"{connection.display_name} {major}.{minor}"
 
 
 def machine() -> str:
