@@ -51,6 +51,8 @@ def main(argv: list[str]) -> int:
     if args.quick:
         args.calls, args.tasks, args.work_tasks, args.runs = 300, 300, 150, 1
         args.records, args.scale_calls, args.purge, args.memory_tasks = "0,100000", 200, 20_000, 1000
+    from django.db import connection
+
     from benchmarks import (
         celery_app,  # noqa: F401  (django.setup() and the tasks)
         e2e,
@@ -59,9 +61,15 @@ def main(argv: list[str]) -> int:
         scale,
     )
 
+    sections = args.sections.split(",")
+    postgresql_only = sorted({"e2e", "scale"} & set(sections))
+    if postgresql_only and connection.vendor != "postgresql":
+        parser.error(
+            f"sections {', '.join(postgresql_only)} run on PostgreSQL only; on {connection.display_name} "
+            "run section 1 alone: --sections overhead"
+        )
     print(f"# django-idempotent-tasks benchmarks\n\n{report.machine()}\n{report.versions()}\n")
     started = time.monotonic()
-    sections = args.sections.split(",")
     if "overhead" in sections:
         print(overhead.run(args.calls), flush=True)
     if "e2e" in sections:
