@@ -105,11 +105,19 @@ soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL o
 # BENCH_ARGS scales them, e.g. BENCH_ARGS="--tasks 3000 --runs 5"; see BENCHMARKS.md.
 BENCH_ARGS ?=
 
-.PHONY: bench
+.PHONY: bench bench-mariadb
 bench: venv  ## the benchmarks against the peers (see BENCHMARKS.md)
 	$(BIN)/pip install --quiet -r requirements/bench.txt
 	@scripts/check_services.sh
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# Section 1 alone on MariaDB (issue #17), in its own database, created here if missing.
+MARIADB_BENCH_DATABASE ?= idempotent_bench
+bench-mariadb: venv  ## section 1 of the benchmarks on MariaDB (see BENCHMARKS.md)
+	$(BIN)/pip install --quiet -r requirements/bench.txt
+	@NEED_POSTGRES=0 scripts/check_services.sh
+	mariadb -uroot -e 'CREATE DATABASE IF NOT EXISTS `$(MARIADB_BENCH_DATABASE)`'
+	DATABASE_URL=mysql://root@localhost/$(MARIADB_BENCH_DATABASE) $(BIN)/python -m benchmarks --sections overhead $(BENCH_ARGS)
 
 # The support matrix (tox.ini): the Pythons come from pyenv, put first on PATH for tox to find.
 PYENV_ROOT ?= $(or $(HOME),/root)/.pyenv
