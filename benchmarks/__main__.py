@@ -56,6 +56,7 @@ def main(argv: list[str]) -> int:
     from benchmarks import (
         celery_app,  # noqa: F401  (django.setup() and the tasks)
         e2e,
+        layers,
         overhead,
         report,
         scale,
@@ -72,6 +73,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
     if "overhead" in sections:
         print(overhead.run(args.calls), flush=True)
+        print(layers.run(args.calls), flush=True)
     if "e2e" in sections:
         print(e2e.run(args.tasks, args.work_tasks, args.runs), flush=True)
     if "scale" in sections:
