@@ -37,7 +37,7 @@ QUIET_SECONDS = 0.5
 # How long a paused holder stays stopped at most: past its lease, long enough for the duplicate
 # to take the key over (it retries every CONFLICT_RETRY_DELAY s).
 PAUSE_SECONDS = 4 * LEASE + 2
-PROXY_PORT = int(os.environ.get("EXPLORE_PROXY_PORT", "15460"))
+PROXY_PORT = int(os.environ.get("EXPLORE_PROXY_PORT", "0"))  # 0: a free port, so two runs can share a machine
 APP, QUEUE = "tests.explorer.celery_app", "explore"
 
 
@@ -82,7 +82,7 @@ class Explorer:
             # served on its Unix socket: "localhost" is the server on 127.0.0.1).
             db = connection.settings_dict
             self.proxy = DropProxy(PROXY_PORT, server_address(db))
-            self.env["DATABASE_URL"] = proxied_url(db, PROXY_PORT)
+            self.env["DATABASE_URL"] = proxied_url(db, self.proxy.port)
         self.worker: Worker | None = None
         self.spare: Spare | None = None
         self.control: redis.Redis = control()

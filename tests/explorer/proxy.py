@@ -21,17 +21,17 @@ class _Pair:
 
 
 class DropProxy:
-    """Listens on ``port`` and forwards to ``target``; ``arm(port)`` makes the connection whose
+    """Listens on ``port`` (0: a free one) and forwards to ``target``; ``arm(port)`` makes the connection whose
     client side is that local port lose the next reply, after which both ends are closed (the
     server has executed, and in autocommit committed, what it was sent)."""
 
     def __init__(self, port: int, target: tuple[str, int]) -> None:
-        self.port = port
         self.target = target
         self.pairs: dict[int, _Pair] = {}
         self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", port), reuse_port=False)
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.port: int = self.listener.getsockname()[1]  # the one the system chose for port 0
 
     def start(self) -> DropProxy:
         threading.Thread(target=self._accept, name="drop-proxy", daemon=True).start()
