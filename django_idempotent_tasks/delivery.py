@@ -135,10 +135,8 @@ def claim_record(delivery: Delivery, record: store.Snapshot | None) -> store.Cla
     lease.update(lease_seconds=delivery.lock_ttl, record_ttl=delivery.record_ttl)
     if record is not None:
         return store.take_over(record, **lease)
-    # An atomic body's completion commit flushes the WAL, the claim's too: one flush per first
-    # execution. Only a database crash in between forgets the claim, and the body's writes with it.
-    insert = functools.partial(store.insert, task_name=delivery.task_name, durable=not delivery.atomic)
-    return insert(delivery.scope, delivery.key, fingerprint=delivery.fingerprint, **lease)
+    key, task_name, fingerprint = delivery.key, delivery.task_name, delivery.fingerprint
+    return store.insert(delivery.scope, key, task_name=task_name, fingerprint=fingerprint, **lease)
 
 
 def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
@@ -170,9 +168,11 @@ def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
 
 
 def acquire(delivery: Delivery, lock: RedisLock) -> bool:
-    """Take the Redis lock (True); raises Held if another delivery has it. When Redis cannot be
-    asked, a worker re-queues the delivery; an eager call goes on under the database lease alone
-    (False): nobody would re-queue it."""
+    """Take the Redis lock (True); raises Held if another delivery has it.
+
+    When Redis cannot be asked, a worker re-queues the delivery; an eager call has nobody to
+    re-queue it and goes on under the database lease alone (False).
+    """
     try:
         if lock.acquire():
             return True

@@ -38,17 +38,10 @@ def select_sql(alias: str, names: tuple[str, ...], *where: str) -> str:
 
 
 @functools.cache
-def insert_sql(
-    alias: str, values: tuple[str, ...], clocked: tuple[str, ...], flush_later: bool = False
-) -> tuple[str, bool]:
+def insert_sql(alias: str, values: tuple[str, ...], clocked: tuple[str, ...]) -> tuple[str, bool]:
     """``INSERT`` of the columns ``values`` (parameters) and ``clocked`` (the database clock plus a
     parameter's seconds each), and whether it returns the new primary key itself (RETURNING)
-    rather than through the cursor.
-
-    ``flush_later`` (PostgreSQL, autocommit only): the statement's own commit does not wait for
-    its WAL flush (``synchronous_commit`` off for that transaction alone); the next synchronous
-    commit of the session flushes it with its own.
-    """
+    rather than through the cursor."""
     connection = connections[alias]
     quote, clock = connection.ops.quote_name, later_sql(connection.vendor)
     columns = ", ".join(quote(column(name)) for name in (*values, *clocked))
@@ -58,11 +51,6 @@ def insert_sql(
     if returning:
         # Written out rather than through ops.return_insert_columns, which Django 6.1 renamed.
         sql += f" RETURNING {quote(column('pk'))}"
-    if flush_later and connection.vendor == "postgresql":
-        # One statement, so one round trip with any driver and either parameter binding.
-        pk = quote(column("pk"))
-        setting = "set_config('synchronous_commit', 'off', true)"
-        sql = f"WITH inserted AS ({sql}) SELECT {pk}, {setting} FROM inserted"
     return sql, returning
 
 

@@ -123,24 +123,25 @@ def insert(
     worker: str,
     lease_seconds: int,
     record_ttl: int,
-    durable: bool = True,
 ) -> Claim | None:
-    """Create the record IN_PROGRESS with fence 1 (None if another delivery created it first);
-    ``durable=False``: PostgreSQL in autocommit mode commits it without waiting for a WAL flush."""
+    """Create the record IN_PROGRESS with fence 1; None if another delivery created it first."""
     alias = database()
     connection = connections[alias]
     row = Row(
         0, scope, key, task_name, Status.IN_PROGRESS, fingerprint, None, None, {}, 1, 1, task_id, worker
     )
-    flush_later = not durable and not connection.in_atomic_block  # never a caller's transaction
-    sql, returning = statements.insert_sql(alias, (*_INSERTED, *_STAMPED), _CLOCKED, flush_later)
+    sql, returning = statements.insert_sql(alias, (*_INSERTED, *_STAMPED), _CLOCKED)
     now = statements.prepare(connection, "created_at", timezone.now())
     params = [*(statements.prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
     try:
         with _savepoint(), connection.cursor() as cursor:
             cursor.execute(sql, [*params, lease_seconds, record_ttl])
-            table, pk = IdempotencyRecord._meta.db_table, statements.column("pk")
-            row.pk = cursor.fetchone()[0] if returning else connection.ops.last_insert_id(cursor, table, pk)
+            table = IdempotencyRecord._meta.db_table
+            row.pk = (
+                cursor.fetchone()[0]
+                if returning
+                else connection.ops.last_insert_id(cursor, table, statements.column("pk"))
+            )
     except IntegrityError:
         return None
     return Claim(record=row, fence=1, attempt=1, recovered=False)
