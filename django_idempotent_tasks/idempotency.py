@@ -67,12 +67,13 @@ class Idempotency:
         """Run ``fn`` once per key and return its stored result; without ``fn``, a context manager."""
         name = keys.validate_step_name(name)
         self.ensure_lease(f"Step {name!r}")
-        if name not in self.steps and transaction.get_connection(store.database()).in_atomic_block:
+        if name not in self.steps and store.in_transaction():
             # A rollback of that transaction would erase the checkpoint while the step's effect stays,
             # and the retry would repeat it: refuse before running anything.
             raise RuntimeError(
                 f"Step {name!r} cannot run inside an open database transaction (atomic=True, "
-                "transaction.atomic() in the body, or a caller's transaction around an eager call): "
+                "transaction.atomic() in the body, autocommit turned off, or a caller's transaction "
+                "around an eager call): "
                 "its checkpoint would roll back with it. Run steps in a non-atomic task, outside "
                 "transaction.atomic()."
             )

@@ -97,12 +97,15 @@ def lookup(scope: str, key: str) -> Row | None:
 _ROW_COLUMNS = tuple(field.name for field in dataclasses.fields(Row))
 
 
+def in_transaction() -> bool:
+    """The records' connection is in a transaction: an atomic block, or ``set_autocommit(False)``."""
+    return not transaction.get_autocommit(database())
+
+
 def _savepoint() -> AbstractContextManager[Any]:
     # Inside a caller's transaction an IntegrityError would poison it: isolate the INSERT.
     # In autocommit mode the INSERT is its own transaction and a savepoint costs two round trips.
-    alias = database()
-    in_block = transaction.get_connection(alias).in_atomic_block
-    return transaction.atomic(using=alias) if in_block else nullcontext()
+    return transaction.atomic(using=database()) if in_transaction() else nullcontext()
 
 
 def _forget(record: Snapshot, *names: str) -> None:

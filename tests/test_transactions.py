@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -38,6 +40,35 @@ def test_a_step_refuses_to_run_in_an_eager_call_inside_the_callers_transaction()
     ):
         run(tasks.place_order, 1, key="caller-tx")
     assert Effect.objects.count() == 0
+
+
+@contextmanager
+def autocommit_off() -> Iterator[None]:
+    """A transaction opened the old way, by turning autocommit off: no atomic block."""
+    transaction.set_autocommit(False)
+    try:
+        yield
+    finally:
+        transaction.rollback()
+        transaction.set_autocommit(True)
+
+
+def test_a_step_refuses_to_run_with_autocommit_turned_off() -> None:
+    with (
+        autocommit_off(),
+        pytest.raises(RuntimeError, match="cannot run inside an open database transaction"),
+    ):
+        run(tasks.place_order, 2, key="no-autocommit")
+    assert calls("no-autocommit") == 0
+
+
+def test_a_lost_insert_race_leaves_a_transaction_opened_by_set_autocommit_usable() -> None:
+    claim = {"task_name": "t", "fingerprint": "f", "task_id": "t", "worker": "w"}
+    with autocommit_off():
+        assert store.insert("s", "raced", lease_seconds=60, record_ttl=60, **claim) is not None
+        assert store.insert("s", "raced", lease_seconds=60, record_ttl=60, **claim) is None
+        # The losing INSERT was isolated in a savepoint: the transaction still answers.
+        assert IdempotencyRecord.objects.filter(key="raced").count() == 1
 
 
 def test_an_eager_call_inside_a_callers_transaction_rolls_back_with_it() -> None:
