@@ -10,6 +10,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -62,7 +63,9 @@ class _Scheduler:
 
     def __init__(self) -> None:
         self.condition = threading.Condition()
-        self.due: list[tuple[float, int, Heartbeat]] = []
+        # (due, order, interval, heartbeat): weakly held, so a delivery that ended before its first
+        # beat frees its heartbeat at once instead of when the beat would have been due.
+        self.due: list[tuple[float, int, float, weakref.ref[Heartbeat]]] = []
         self.order = itertools.count()
         self.pid: int | None = None
 
@@ -71,7 +74,8 @@ class _Scheduler:
             if self.pid != os.getpid():  # first use in this process (or a forked child): no thread yet
                 self.pid, self.due = os.getpid(), []
                 threading.Thread(target=self.run, name="idempotency-scheduler", daemon=True).start()
-            entry = (time.monotonic() + heartbeat.interval, next(self.order), heartbeat)
+            interval = heartbeat.interval
+            entry = (time.monotonic() + interval, next(self.order), interval, weakref.ref(heartbeat))
             heapq.heappush(self.due, entry)
             # Wake the scheduler only if it must start this one before the one it waits for: waking
             # it for every delivery cost more CPU than the delivery's round trips.
@@ -85,12 +89,12 @@ class _Scheduler:
                     self.condition.wait(self.due[0][0] - time.monotonic() if self.due else None)
                 # Everything due within a tenth of the first one's interval, in one wake-up: a beat
                 # started that much early renews early, which is harmless (its lease is 3 intervals).
-                until = time.monotonic() + self.due[0][2].interval / 10
+                until = time.monotonic() + self.due[0][2] / 10
                 ready = []
                 while self.due and self.due[0][0] <= until:
-                    ready.append(heapq.heappop(self.due)[2])
+                    ready.append(heapq.heappop(self.due)[3]())
             for heartbeat in ready:
-                if not heartbeat.stopping.is_set():
+                if heartbeat is not None and not heartbeat.stopping.is_set():
                     heartbeat.start()
 
 

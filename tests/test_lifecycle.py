@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import Iterator
@@ -21,6 +22,7 @@ from django_idempotent_tasks.exceptions import (
     TaskInProgress,
     UnstorableResult,
 )
+from django_idempotent_tasks.heartbeat import Heartbeat
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import calls, redis_down
 from tests.testapp import tasks
@@ -280,3 +282,15 @@ def test_the_bodys_own_operational_error_is_its_own_in_eager_mode() -> None:
     record = IdempotencyRecord.objects.get()
     assert (record.status, record.attempts, error_of(record)["type"]) == ("FAILED", 2, "OperationalError")
     assert calls("eager-deadlock") == 2
+
+
+def heartbeats() -> int:
+    gc.collect()
+    return sum(isinstance(found, Heartbeat) for found in gc.get_objects())
+
+
+def test_finished_deliveries_leave_no_heartbeat_behind() -> None:
+    before = heartbeats()  # earlier tests' long bodies may still be ending theirs
+    for number in range(20):
+        run(tasks.record_effect, number, key=f"no-leak-{number}")
+    assert heartbeats() <= before

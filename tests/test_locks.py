@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import gc
+import weakref
 from collections.abc import Callable
 
 import redis
@@ -34,9 +36,22 @@ def test_a_heartbeat_stopped_before_its_first_beat_never_starts_a_thread() -> No
     heartbeat.begin()
     heartbeat.stop()
     later: list[int] = []
-    Heartbeat(0.3, counting(later, answer=False)).begin()  # due after the first: the scheduler ran
+    after = Heartbeat(0.3, counting(later, answer=False))
+    after.begin()  # due after the first: once it beats, the scheduler has passed the first
     wait_for(lambda: later, timeout=10, what="the later heartbeat")
     assert beats == [] and not heartbeat.is_alive() and heartbeat.ident is None
+
+
+def test_a_heartbeat_stopped_before_its_first_beat_is_freed_at_once() -> None:
+    # Not when the beat would have been due: a busy worker finishes thousands of short deliveries
+    # within one interval (lock_ttl / 3), and kept every one's heartbeat until then.
+    heartbeat = Heartbeat(60, counting([]))
+    heartbeat.begin()
+    heartbeat.stop()
+    freed = weakref.ref(heartbeat)
+    del heartbeat
+    gc.collect()
+    assert freed() is None
 
 
 def test_a_running_heartbeat_beats_every_interval_until_stopped() -> None:
