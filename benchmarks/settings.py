@@ -4,8 +4,9 @@ DATABASE_URL and REDIS_URL."""
 from __future__ import annotations
 
 import os
-from typing import Any
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import urlsplit
+
+from tests.settings import database_from_url  # one URL parser for the suite and the benchmarks
 
 DATABASE_URL = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"))
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
@@ -22,36 +23,12 @@ TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 INSTALLED_APPS = ["django.contrib.contenttypes", "django.contrib.auth", "django_idempotent_tasks"]
 
-
-def database_from_url(url: SplitResult) -> dict[str, Any]:
-    """Django's DATABASES entry for a postgres:// or mysql:// (MariaDB) URL, as tests/settings.py
-    builds it."""
-    scheme = url.scheme.split("+")[0]
-    if scheme in {"mysql", "mariadb"}:
-        return {
-            "ENGINE": "django.db.backends.mysql",
-            "NAME": url.path.lstrip("/") or "test",
-            "USER": url.username or "root",
-            "PASSWORD": url.password or "",
-            # localhost (the default) means the server's Unix socket, where root needs no password.
-            "HOST": url.hostname or "localhost",
-            "PORT": str(url.port or ""),
-            "OPTIONS": {"charset": "utf8mb4"},
-        }
-    if scheme not in {"postgres", "postgresql"}:
-        raise ValueError(f"DATABASE_URL: unsupported scheme {url.scheme!r} (postgres or mysql)")
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": url.path.lstrip("/") or "test",
-        "USER": url.username or "postgres",
-        "PASSWORD": url.password or "",
-        "HOST": url.hostname or "127.0.0.1",
-        "PORT": str(url.port or 5432),
-    }
+if DATABASE_URL.scheme.startswith("sqlite"):
+    raise ValueError("DATABASE_URL: the benchmarks measure PostgreSQL or MySQL/MariaDB, not SQLite.")
 
 
 # Every system keeps its connection between tasks (see CELERY_DB_REUSE_MAX below).
-DATABASES = {"default": {**database_from_url(DATABASE_URL), "CONN_MAX_AGE": None}}
+DATABASES = {"default": {**database_from_url(DATABASE_URL, None), "CONN_MAX_AGE": None}}
 CACHES = {
     "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
     "locks": {
