@@ -139,12 +139,8 @@ def insert(
     try:
         with _savepoint(), connection.cursor() as cursor:
             cursor.execute(sql, [*params, lease_seconds, record_ttl])
-            table = IdempotencyRecord._meta.db_table
-            row.pk = (
-                cursor.fetchone()[0]
-                if returning
-                else connection.ops.last_insert_id(cursor, table, statements.column("pk"))
-            )
+            table, pk = IdempotencyRecord._meta.db_table, statements.column("pk")
+            row.pk = cursor.fetchone()[0] if returning else connection.ops.last_insert_id(cursor, table, pk)
     except IntegrityError:
         return None
     return Claim(record=row, fence=1, attempt=1, recovered=False)
