@@ -52,4 +52,12 @@ def external_call(key: str, fence: int, task_id: str) -> None:
 
 
 def received(task_id: str) -> None:
-    control().sadd("received", task_id)
+    pipe = control().pipeline()
+    pipe.sadd("received", task_id)
+    pipe.hincrby("receptions", task_id, 1)
+    pipe.execute()
+
+
+def published(task_id: str) -> None:
+    """One more copy of ``task_id`` handed to the broker (an original, a re-queue, a duplicate)."""
+    control().hincrby("publications", task_id, 1)

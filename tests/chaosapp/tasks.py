@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from celery import shared_task
-from celery.signals import task_postrun, task_received
+from celery.signals import after_task_publish, task_postrun, task_received
 
 from django_idempotent_tasks.tasks import IdempotentTask
 from tests import db_sessions
@@ -93,3 +93,11 @@ def note_received(request: Any = None, **extra: Any) -> None:
     """Received ids tell a message the broker never delivered apart from one we lost."""
     if request is not None:
         control.received(request.id)
+
+
+@after_task_publish.connect
+def note_published(headers: Any = None, **extra: Any) -> None:
+    """Copies handed to the broker, counted against copies received: a re-queued copy that never
+    reached a worker was lost by the broker (a main process SIGKILLed as it took the message)."""
+    if isinstance(headers, dict) and headers.get("id"):
+        control.published(headers["id"])
