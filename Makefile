@@ -59,7 +59,8 @@ demo: venv  ## the example project's demo of every cause of duplicate execution
 # Each uses its own database or vhost, named by the URLs below, so they never touch `make test`'s.
 MARIADB_URL ?= mysql://root@localhost/idempotent_tests
 SQLITE_URL ?= sqlite:////tmp/idempotent-tests.sqlite3
-RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/idempotent-tests
+RABBITMQ_VHOST ?= idempotent-tests
+RABBITMQ_URL ?= amqp://guest:guest@127.0.0.1:5672/$(RABBITMQ_VHOST)
 
 .PHONY: test-backends test-mariadb test-sqlite test-rabbitmq
 test-backends: test-mariadb test-sqlite test-rabbitmq  ## the suite on MariaDB and SQLite, the worker tests on RabbitMQ (CI)
@@ -78,9 +79,14 @@ test-sqlite: venv  ## the suite on SQLite (no chaos, no row_locks tests)
 # then on quorum queues (countdowns then use Celery's native delayed delivery); the test setup
 # creates and deletes the vhost. The demo and the chaos suite read Redis queues: they stay on Redis.
 RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos" --ignore=tests/test_demo.py
+# The suite keeps a vhost it did not create; one left by an interrupted run (its queues declared
+# classic or quorum) would fail the next pass's declarations, so each pass starts without it.
+RABBITMQ_RESET := rabbitmqctl -s delete_vhost $(RABBITMQ_VHOST) >/dev/null 2>&1 || true
 test-rabbitmq: venv  ## the real-worker tests with RabbitMQ as the broker
 	@scripts/check_services.sh
+	@$(RABBITMQ_RESET)
 	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
+	@$(RABBITMQ_RESET)
 	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) IDEMPOTENT_TESTS_QUEUE_TYPE=quorum $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
 
 
