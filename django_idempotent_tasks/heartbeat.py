@@ -31,7 +31,8 @@ class Heartbeat(threading.Thread):
     """Calls ``beat`` every ``interval`` seconds until stopped; ``beat`` returning False ends it.
 
     ``begin()`` hands it to the process's scheduler, which starts the thread only once the first
-    beat is due: a body shorter than ``interval`` never pays for a thread of its own.
+    beat is due: a body shorter than ``interval`` never pays for a thread of its own. The scheduler
+    holds it weakly: whoever begins it keeps it until it stops.
     """
 
     def __init__(self, interval: float, beat: Callable[[], bool]) -> None:
