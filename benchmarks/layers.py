@@ -15,7 +15,7 @@ from typing import Any
 from django.db import connection
 
 from benchmarks import report
-from benchmarks.overhead import sample
+from benchmarks.overhead import interleaved
 from benchmarks.systems import idempotent
 from django_idempotent_tasks import keys, statements, store
 from django_idempotent_tasks.locks import RedisLock, lock_client
@@ -82,22 +82,16 @@ def _delivery_calls() -> Callable[[], object]:
 
 def run(calls: int, rounds: int = 10) -> str:
     """Measure the three layers interleaved in ``rounds`` blocks; expects overhead.prepare() done."""
-    layers: list[tuple[str, Callable[[], object]]] = [
-        ("bare driver calls", _bare_calls()),
-        ("the package's I/O functions", _package_calls()),
-        ("the whole delivery", _delivery_calls()),
-    ]
-    wall: dict[str, list[float]] = {name: [] for name, _ in layers}
-    cpu: dict[str, list[float]] = {name: [] for name, _ in layers}
-    for _, call in layers:
-        sample(call, max(20, calls // 20), [], [])
-    for _ in range(rounds):
-        for name, call in layers:
-            sample(call, max(1, calls // rounds), wall[name], cpu[name])
+    layers = {
+        "bare driver calls": _bare_calls(),
+        "the package's I/O functions": _package_calls(),
+        "the whole delivery": _delivery_calls(),
+    }
+    wall, cpu = interleaved(layers, calls, rounds)
     medians = {name: report.median(values) for name, values in cpu.items()}
     rows: list[tuple[Any, ...]] = []
     previous: float | None = None
-    for name, _ in layers:
+    for name in layers:
         added = "" if previous is None else f"+{report.us(medians[name] - previous)}"
         rows.append((name, report.us(report.percentile(wall[name], 0.5)), report.us(medians[name]), added))
         previous = medians[name]

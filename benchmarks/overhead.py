@@ -174,6 +174,21 @@ def sample(call: Callable[[], object], count: int, into: list[float], cpu: list[
         cpu.append((time.process_time() - started) / count)
 
 
+def interleaved(
+    named: dict[str, Callable[[], object]], calls: int, rounds: int
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall times of each call and CPU per call of each block, the calls taking turns in ``rounds``
+    blocks after a warm-up, so that load drifts hit them all alike."""
+    wall: dict[str, list[float]] = {name: [] for name in named}
+    cpu: dict[str, list[float]] = {name: [] for name in named}
+    for call in named.values():
+        sample(call, max(20, calls // 20), [])  # warm connections, caches and prepared plans
+    for _ in range(rounds):
+        for name, call in named.items():
+            sample(call, max(1, calls // rounds), wall[name], cpu[name])
+    return wall, cpu
+
+
 @dataclass
 class Measured:
     """Everything section 1 measured, by path name."""
@@ -201,14 +216,8 @@ def run(calls: int, rounds: int = 10) -> str:
     """Measure floors and paths interleaved in ``rounds`` blocks, so load drifts hit both alike."""
     prepare()
     measured = [*floors(), Path(RECONNECT, reconnect), *paths()]
-    samples: dict[str, list[float]] = {path.name: [] for path in measured}
-    cpu: dict[str, list[float]] = {path.name: [] for path in measured}
     before = report.load()
-    for path in measured:
-        sample(path.call, max(20, calls // 20), [])  # warm connections, caches and prepared plans
-    for _ in range(rounds):
-        for path in measured:
-            sample(path.call, max(1, calls // rounds), samples[path.name], cpu[path.name])
+    samples, cpu = interleaved({path.name: path.call for path in measured}, calls, rounds)
     after = report.load()
     ours = measured[4:]
     trips: dict[str, RoundTrips] = {}

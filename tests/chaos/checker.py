@@ -75,7 +75,7 @@ def _settled(observed: Observed) -> bool:
 
 def unsettled(observed: Observed, control: redis.Redis) -> list[str]:
     """The keys without a final record now (a key no worker ever received is the broker's loss)."""
-    received = {text(raw) for raw in control.smembers("received")}
+    received = {text(raw) for raw in control.hkeys("receptions")}
     delivered = {key for task_id, key in observed.messages if task_id in received}
     try:
         final = set(
@@ -98,8 +98,8 @@ def observe(observed: Observed, control: redis.Redis) -> Observed:
         entries = [text(raw).split() for raw in control.lrange(f"ext:{key}", 0, -1)]
         observed.ledger[key] = [(int(pid), int(fence), float(at)) for pid, fence, _, at in entries]
     observed.answers = read_answers([task_id for task_id, _ in observed.messages])
-    observed.received = {text(raw) for raw in control.smembers("received")}
     receptions = {text(k): int(v) for k, v in control.hgetall("receptions").items()}
+    observed.received = set(receptions)
     publications = {text(k): int(v) for k, v in control.hgetall("publications").items()}
     observed.copy_lost = {t for t, n in publications.items() if n > receptions.get(t, 0)}
     observed.dead = {int(raw) for raw in control.smembers("dead")}
