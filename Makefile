@@ -93,6 +93,21 @@ test-rabbitmq: venv  ## the real-worker tests with RabbitMQ as the broker
 purge-timing: venv  ## purge 1,000,000 expired rows while another process claims keys (minutes)
 	$(BIN)/python -m benchmarks.purge_timing
 
+# The documentation site (docs/, Sphinx + MyST + Furo): warnings are errors, so a link to a missing
+# page or heading fails the build; the Markdown files outside the site are checked offline by
+# scripts/check_links.py. External links are checked only by docs-linkcheck, which needs the network.
+DOCS_BUILD := docs/_build
+
+.PHONY: docs docs-linkcheck
+docs: venv  ## build the documentation site into docs/_build/html (warnings are errors), check the links offline
+	$(BIN)/pip install --quiet -r requirements/docs.txt
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs $(DOCS_BUILD)/html
+	$(BIN)/python scripts/check_links.py
+
+docs-linkcheck: venv  ## check the external links of the documentation site (needs the network)
+	$(BIN)/pip install --quiet -r requirements/docs.txt
+	$(BIN)/sphinx-build -q -b linkcheck docs $(DOCS_BUILD)/linkcheck
+
 .PHONY: screenshots
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
 	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
