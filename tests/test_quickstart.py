@@ -97,7 +97,10 @@ class Shell:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            wait_for(lambda: "ready." in self.log() or self.worker.poll() is not None, 60, "the worker")  # type: ignore[union-attr]
+            try:
+                wait_for(lambda: "ready." in self.log() or self.worker.poll() is not None, 60, "the worker")  # type: ignore[union-attr]
+            except AssertionError as exc:
+                raise AssertionError(f"no 'ready.' line from the worker:\n{self.log()[-3000:]}") from exc
             assert self.worker.poll() is None, f"the worker exited:\n{self.log()}"
         else:
             self.run(line)
@@ -127,7 +130,8 @@ def shell(tmp_path: Path) -> Iterator[Shell]:
         flush_redis()
 
 
-def test_the_quickstart_runs_as_pasted_and_replays(shell: Shell) -> None:
+def build_quickstart(shell: Shell, settings: str = "", calls: str = "") -> None:
+    """Run the README's Quickstart in ``shell``: ``settings`` added to the project's, ``calls`` to its shell step."""
     blocks = quickstart_blocks()
     assert [action for action, _, _ in blocks].count("shell") == 1
     for action, path, text in blocks:
@@ -135,16 +139,20 @@ def test_the_quickstart_runs_as_pasted_and_replays(shell: Shell) -> None:
             for line in text.splitlines():
                 shell.command(line)
         elif action == "shell":
-            shell.run("python manage.py shell", stdin=text)
+            shell.run("python manage.py shell", stdin=text + calls)
         else:
             target = shell.cwd / str(path)
             if action == "append":
                 assert target.exists(), f"{path} is not a file startproject or startapp wrote"
-                target.write_text(target.read_text() + "\n" + local(text))
+                extra = settings if path == "shop/settings.py" else ""
+                target.write_text(target.read_text() + "\n" + local(text) + extra)
             else:  # a new file, or one replacing what startproject or startapp wrote
                 target.write_text(local(text))
-
     assert shell.worker is not None, "the Quickstart starts no worker"
+
+
+def test_the_quickstart_runs_as_pasted_and_replays(shell: Shell) -> None:
+    build_quickstart(shell)
     wait_for(lambda: shell.log().count("succeeded in") >= 2, 90, "both deliveries to finish")
     with sqlite3.connect(shell.cwd / "db.sqlite3") as database:
         charges = database.execute("SELECT order_id, amount_cents FROM orders_charge").fetchall()
@@ -167,3 +175,32 @@ def test_the_quickstart_runs_as_pasted_and_replays(shell: Shell) -> None:
         "security.W018",  # DEBUG
         "security.W020",  # ALLOWED_HOSTS
     }, deploy
+
+
+def doc_block(path: Path, name: str) -> str:
+    """The fenced block after ``<!-- recipe: NAME -->`` in ``path``."""
+    lines = path.read_text().splitlines()
+    start = lines.index(f"<!-- recipe: {name} -->") + 2
+    return "\n".join(lines[start : lines.index("```", start)]) + "\n"
+
+
+def test_the_logging_recipe_keeps_celerys_lines_and_prints_ours_once(shell: Shell) -> None:
+    # docs/observability.md's LOGGING, in the Quickstart's project; a third call fails in the body.
+    recipe = doc_block(ROOT / "docs" / "observability.md", "logging")
+    build_quickstart(
+        shell, settings="\n" + recipe, calls='charge_customer.delay("x", 1, idempotency_key="bad")\n'
+    )
+    wait_for(
+        lambda: "raised unexpected" in shell.log() and shell.log().count("succeeded in") >= 2, 90, "the calls"
+    )
+    log = shell.log()
+    assert log.count(" ready.") == 1
+    assert log.count("succeeded in") == 2
+    assert log.count("raised unexpected: ValueError") == 1
+    ours = [
+        line for line in log.splitlines() if "orders.tasks.charge_customer[" in line and " Task " not in line
+    ]
+    assert sum("already succeeded; replaying the stored result" in line for line in ours) == 1
+    assert sum("[bad] failed with ValueError" in line for line in ours) == 1
+    # Each of the package's lines once, through the recipe's formatter (not again through Celery's).
+    assert ours and all("outcome=" in line for line in ours), ours
