@@ -17,6 +17,7 @@ REPOSITORY = (
     "https://github.com/django-idempotent-tasks/django-idempotent-tasks/blob/main/",
     "https://raw.githubusercontent.com/django-idempotent-tasks/django-idempotent-tasks/main/",
 )
+DEFAULT_FILES = ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "BENCHMARKS.md", "example_project/README.md"]
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^\s*```")
 
@@ -67,4 +68,4 @@ def main(names: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:] or ["README.md", "CONTRIBUTING.md", "CHANGELOG.md", "BENCHMARKS.md"]))
+    sys.exit(main(sys.argv[1:] or DEFAULT_FILES))
