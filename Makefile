@@ -77,8 +77,9 @@ test-sqlite: venv  ## the suite on SQLite (no chaos, no row_locks tests)
 
 # The real-worker tests with RabbitMQ as the broker (records on PostgreSQL), on classic queues and
 # then on quorum queues (countdowns then use Celery's native delayed delivery); the test setup
-# creates and deletes the vhost. The demo and the chaos suite read Redis queues: they stay on Redis.
-RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos" --ignore=tests/test_demo.py
+# creates and deletes the vhost. The demo and the chaos suite read Redis queues, and the Quickstart
+# test runs the README's Redis setup: they stay on Redis.
+RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos" --ignore=tests/test_demo.py --ignore=tests/test_quickstart.py
 # The suite keeps a vhost it did not create; one left by an interrupted run (its queues declared
 # classic or quorum) would fail the next pass's declarations, so each pass starts without it.
 RABBITMQ_RESET := rabbitmqctl -s delete_vhost $(RABBITMQ_VHOST) >/dev/null 2>&1 || true
@@ -92,6 +93,21 @@ test-rabbitmq: venv  ## the real-worker tests with RabbitMQ as the broker
 
 purge-timing: venv  ## purge 1,000,000 expired rows while another process claims keys (minutes)
 	$(BIN)/python -m benchmarks.purge_timing
+
+# The documentation site (docs/, Sphinx + MyST + Furo): warnings are errors, so a link to a missing
+# page or heading fails the build; the Markdown files outside the site are checked offline by
+# scripts/check_links.py. External links are checked only by docs-linkcheck, which needs the network.
+DOCS_BUILD := docs/_build
+
+.PHONY: docs docs-linkcheck
+docs: venv  ## build the documentation site into docs/_build/html (warnings are errors), check the links offline
+	$(BIN)/pip install --quiet -r requirements/docs.txt
+	$(BIN)/sphinx-build -W --keep-going -n -q -b html docs $(DOCS_BUILD)/html
+	$(BIN)/python scripts/check_links.py
+
+docs-linkcheck: venv  ## check the external links of the documentation site (needs the network)
+	$(BIN)/pip install --quiet -r requirements/docs.txt
+	$(BIN)/sphinx-build -q -b linkcheck docs $(DOCS_BUILD)/linkcheck
 
 .PHONY: screenshots
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test

@@ -13,6 +13,7 @@ from django.db import connections, router
 from redis.exceptions import RedisError
 
 from django_idempotent_tasks.conf import conf
+from django_idempotent_tasks.locks import LOCK_CACHE_HINT, lock_cache_problem
 
 PREFIX = "django_idempotent_tasks"
 TAG = "django_idempotent_tasks"
@@ -36,29 +37,11 @@ def check_lock_cache(app_configs: Any = None, **kwargs: Any) -> list[checks.Chec
         alias = conf.CACHE
     except ImproperlyConfigured:
         return []  # reported by E002
-    hint = (
-        'Add a cache with "BACKEND": "django_redis.cache.RedisCache" and name it in IDEMPOTENT_TASKS_CACHE.'
-    )
-    if alias not in settings.CACHES:
-        return [
-            checks.Error(
-                f"IDEMPOTENT_TASKS_CACHE is {alias!r}, but CACHES has no such cache.",
-                hint=hint,
-                id=f"{PREFIX}.E001",
-            )
-        ]
-    found = lock_cache()
-    if found is None:
-        cache: Any = settings.CACHES[alias]
-        backend = cache.get("BACKEND", "")
-        return [
-            checks.Error(
-                f"IDEMPOTENT_TASKS_CACHE is {alias!r}, which is not a django-redis cache (backend {backend!r}).",
-                hint=hint,
-                id=f"{PREFIX}.E001",
-            )
-        ]
-    if found[1].get("OPTIONS", {}).get("SOCKET_TIMEOUT") is None:
+    problem = lock_cache_problem(alias)
+    if problem is not None:
+        return [checks.Error(problem, hint=LOCK_CACHE_HINT, id=f"{PREFIX}.E001")]
+    cache: Any = settings.CACHES[alias]
+    if cache.get("OPTIONS", {}).get("SOCKET_TIMEOUT") is None:
         return [
             checks.Warning(
                 f"The lock cache {alias!r} has no SOCKET_TIMEOUT: when its Redis stops answering, "

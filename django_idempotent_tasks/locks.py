@@ -7,7 +7,12 @@ import socket
 import uuid
 from typing import Any
 
+from django.conf import settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
 from django_idempotent_tasks.conf import conf
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 
 _EXTEND = """
 if redis.call("get", KEYS[1]) == ARGV[1] then
@@ -23,11 +28,57 @@ return 0
 """
 
 
+LOCK_CACHE_HINT = (
+    'Add a cache with "BACKEND": "django_redis.cache.RedisCache" to CACHES and name it in '
+    "IDEMPOTENT_TASKS_CACHE."
+)
+
+
+def lock_cache_problem(alias: str) -> str | None:
+    """What is wrong with the lock cache ``alias`` (check E001's message), or None if it is django-redis."""
+    named = (
+        "IDEMPOTENT_TASKS_CACHE is"
+        if hasattr(settings, "IDEMPOTENT_TASKS_CACHE")
+        else ("IDEMPOTENT_TASKS_CACHE is not set, so the lock cache is")
+    )
+    if alias not in settings.CACHES:
+        return f"{named} {alias!r}, but CACHES has no such cache."
+    cache: Any = settings.CACHES[alias]
+    backend = str(cache.get("BACKEND", ""))
+    if backend.startswith("django_redis."):
+        return None
+    if backend == "django.core.cache.backends.redis.RedisCache":
+        return (
+            f"{named} {alias!r}, which is Django's built-in RedisCache ({backend!r}): the locks need "
+            "django-redis (its raw client runs their Lua scripts)."
+        )
+    return f"{named} {alias!r}, which is not a django-redis cache (backend {backend!r})."
+
+
+_verified_alias: str | None = None
+
+
+@receiver(setting_changed)
+def _forget_verified(setting: str, **kwargs: Any) -> None:
+    global _verified_alias
+    if setting in ("CACHES", "IDEMPOTENT_TASKS_CACHE"):
+        _verified_alias = None
+
+
 def lock_client() -> Any:
     """The raw redis-py client behind the lock cache (``IDEMPOTENT_TASKS_CACHE``)."""
+    global _verified_alias
     from django_redis import get_redis_connection
 
-    return get_redis_connection(conf.CACHE)
+    alias = conf.CACHE
+    if alias != _verified_alias:
+        # Workers never run the system checks: the first delivery that needs the lock says what
+        # E001 would have said, instead of django-redis's NotImplementedError or a KeyError.
+        problem = lock_cache_problem(alias)
+        if problem is not None:
+            raise IdempotencyConfigurationError(f"{problem} {LOCK_CACHE_HINT}")
+        _verified_alias = alias
+    return get_redis_connection(alias)
 
 
 def worker_identity() -> str:

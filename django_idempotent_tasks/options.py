@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import CodeType
 from typing import Any
 
 from django_idempotent_tasks.conf import conf
@@ -19,6 +21,38 @@ ASYNC_BODY = (
     "the key would be marked done with None. Write the task as a def that runs the coroutine: "
     "return asyncio.run(work(...))."
 )
+
+
+UNBOUND_SELF = (
+    "Idempotent task {name!r} {uses} but is not bound: Celery passes the task as the first argument "
+    "only to a bound task, so self would be the first argument of the call. Add bind=True: "
+    "@shared_task(base=IdempotentTask, bind=True)."
+)
+
+
+def _reads_global_self(code: CodeType) -> bool:
+    """``code`` or a function nested in it reads a global named ``self`` (the task it is not given)."""
+    if "self" in code.co_names:
+        return True
+    return any(isinstance(const, CodeType) and _reads_global_self(const) for const in code.co_consts)
+
+
+def unbound_self_error(task_class: type) -> str | None:
+    """Why a task built from a function without ``bind=True`` cannot run as written, or None."""
+    run = task_class.__dict__.get("run")
+    if not isinstance(run, staticmethod):
+        return None  # bind=True, or a class-based task whose run is a method
+    function = inspect.unwrap(run.__func__)
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+    if code.co_argcount and code.co_varnames[0] == "self":
+        uses = "takes self as its first parameter"
+    elif _reads_global_self(code):
+        uses = "uses self (self.idempotency, self.retry)"
+    else:
+        return None
+    return UNBOUND_SELF.format(name=getattr(task_class, "name", function.__name__), uses=uses)
 
 
 @dataclass(frozen=True)
@@ -122,6 +156,9 @@ def task_options(task: Any) -> TaskOptions:
 
 def bind_task(task_class: type, app: Any) -> TaskOptions:
     """Validate and freeze the options of a task class bound to ``app``, and remember the pair."""
+    unbound = unbound_self_error(task_class)
+    if unbound is not None:
+        raise IdempotencyConfigurationError(unbound)
     options = task_options(task_class)
     _bound[task_class] = weakref.ref(app)
     return options

@@ -7,12 +7,13 @@ from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from django_idempotent_tasks import statements
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
 from django_idempotent_tasks.values import error_shape
 
@@ -88,10 +89,33 @@ def lookup(scope: str, key: str) -> Row | None:
     # Every replay is this one query: a plain cursor and the fields' own converters, no queryset.
     alias = database()
     connection = connections[alias]
-    with connection.cursor() as cursor:
-        cursor.execute(statements.select_sql(alias, _ROW_COLUMNS, "scope", "key"), [scope, key])
-        values = cursor.fetchone()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(statements.select_sql(alias, _ROW_COLUMNS, "scope", "key"), [scope, key])
+            values = cursor.fetchone()
+    except DatabaseError as exc:
+        missing = missing_table_error(alias, exc)
+        if missing is None:
+            raise
+        raise missing from exc
     return None if values is None else Row(*statements.decode(connection, _ROW_COLUMNS, values))
+
+
+# PostgreSQL: relation "…" does not exist; MySQL/MariaDB: Table '…' doesn't exist; SQLite: no such table.
+_MISSING_TABLE = ("does not exist", "doesn't exist", "no such table")
+
+
+def missing_table_error(alias: str, exc: DatabaseError) -> IdempotencyConfigurationError | None:
+    """An error saying to run migrate, when ``exc`` says the records' table is missing; else None."""
+    table = IdempotencyRecord._meta.db_table
+    message = str(exc)
+    if table not in message or not any(phrase in message for phrase in _MISSING_TABLE):
+        return None
+    command = "python manage.py migrate" + ("" if alias == "default" else f" --database {alias}")
+    return IdempotencyConfigurationError(
+        f"The idempotency records' table {table} does not exist in the database {alias!r}: "
+        f"run `{command}`. The database said: {message.strip()}"
+    )
 
 
 _ROW_COLUMNS = tuple(field.name for field in dataclasses.fields(Row))

@@ -62,7 +62,8 @@ def test_the_test_settings_pass_every_check() -> None:
 
 def test_e001_lock_cache_missing_or_not_django_redis() -> None:
     hint = (
-        'Add a cache with "BACKEND": "django_redis.cache.RedisCache" and name it in IDEMPOTENT_TASKS_CACHE.'
+        'Add a cache with "BACKEND": "django_redis.cache.RedisCache" to CACHES and name it in '
+        "IDEMPOTENT_TASKS_CACHE."
     )
     with override_settings(IDEMPOTENT_TASKS_CACHE="nope"):
         assert check_lock_cache() == [
@@ -80,6 +81,17 @@ def test_e001_lock_cache_missing_or_not_django_redis() -> None:
             )
         ]
         assert check_lock_eviction() == []
+    builtin = {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": LOCKS["LOCATION"]}
+    with override_settings(CACHES={**settings.CACHES, "locks": builtin}):
+        assert check_lock_cache() == [
+            checks.Error(
+                "IDEMPOTENT_TASKS_CACHE is 'locks', which is Django's built-in RedisCache "
+                "('django.core.cache.backends.redis.RedisCache'): the locks need django-redis (its raw "
+                "client runs their Lua scripts).",
+                hint=hint,
+                id=f"{ID}.E001",
+            )
+        ]
 
 
 @pytest.mark.parametrize(

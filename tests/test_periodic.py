@@ -47,10 +47,9 @@ def test_a_fresh_app_finds_the_task_with_autodiscover_tasks() -> None:
     assert (result.returncode, result.stdout) == (0, "True\n"), result.stderr
 
 
-def test_the_readme_beat_schedule_names_the_task() -> None:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Periodic cleanup", 1)[1].split("\n## ", 1)[0]
-    code = re.search(r"```python\n(.*?)```", section, re.DOTALL)
+def test_the_docs_beat_schedule_names_the_task() -> None:
+    page = (ROOT / "docs" / "howto" / "purge.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.DOTALL)
     assert code is not None
     app = Celery("readme", set_as_current=False)
     exec(code[1], {"app": app})
