@@ -63,11 +63,12 @@ class RecordChangeList(ChangeList):
         queryset = super().get_queryset(request, *args, **kwargs).defer("result", "error", "steps")
         params = compat.changelist_params(self)
         expired = params.get(ExpiredFilter.parameter_name) == "yes"
-        if (expired or "created_at__day" in params) and ORDER_VAR not in params:
-            # Expired records are the oldest, and a day long past lies deep in the table: walking
-            # the primary key down from the newest would read most of it before finding them.
-            # Sorting "pk + 0" fetches them through the expires_at or created_at index instead and
-            # sorts only those (the same order).
+        exact_search = bool(self.query.strip()) and "*" not in self.query
+        if (expired or exact_search or "created_at__day" in params) and ORDER_VAR not in params:
+            # Expired records are the oldest, a day long past lies deep in the table and a key
+            # anywhere: walking the primary key down from the newest would read most of it before
+            # finding them. Sorting "pk + 0" fetches them through the expires_at, created_at or
+            # (scope, key) index instead and sorts only those (the same order).
             queryset = queryset.order_by((F("pk") + 0).desc())
         return queryset
 
