@@ -91,6 +91,10 @@ test-rabbitmq: venv  ## the real-worker tests with RabbitMQ as the broker
 	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) IDEMPOTENT_TESTS_QUEUE_TYPE=quorum $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
 
 
+.PHONY: bench-admin
+bench-admin: venv  ## admin pages, commands and purge at 1,000,000 records on DATABASE_URL (any of the three)
+	$(BIN)/python -m benchmarks.admin_timing $(if $(DATABASE_URL),--database-url $(DATABASE_URL)) $(BENCH_ARGS)
+
 purge-timing: venv  ## purge 1,000,000 expired rows while another process claims keys (minutes)
 	$(BIN)/python -m benchmarks.purge_timing
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.db import models
+from django.db import connections, models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -63,6 +63,72 @@ class IdempotencyRecordQuerySet(models.QuerySet["IdempotencyRecord"]):
         """Records past their retention that no live lease protects."""
         return self.filter(expires_at__lt=DatabaseNow()).not_live()
 
+    def scopes(self, limit: int) -> list[str]:
+        """The first ``limit`` scopes in use (of the whole table), read through the (scope, key) index."""
+        connection = connections[self.db]
+        table = connection.ops.quote_name(self.model._meta.db_table)
+        sql = _DISTINCT_SCOPES.get(connection.vendor, _DISTINCT_SCOPES["sqlite"])
+        with connection.cursor() as cursor:
+            cursor.execute(sql.format(table=table), [limit])
+            return [str(row[0]) for row in cursor.fetchall()]
+
+    def with_key(self, key: str, scopes: list[str] | None = None) -> IdempotencyRecordQuerySet:
+        """Records of ``key`` in any scope, found through the (scope, key) index one scope at a time."""
+        if scopes is None:
+            scopes = self.scopes(SCOPE_LIMIT)
+        # key = %s alone cannot use the index, whose first column is scope: name every scope instead.
+        if len(scopes) >= SCOPE_LIMIT:
+            return self.filter(key=key)
+        return self.filter(scope__in=scopes, key=key)
+
+
+#: Past this many scopes, a key is looked up without naming them.
+SCOPE_LIMIT = 1000
+
+# A "loose index scan" of the (scope, key) unique index, one distinct scope at a time: SELECT
+# DISTINCT would read every row of a large table to list a dozen task names. PostgreSQL and
+# SQLite walk it with a recursive query (MIN() rather than ORDER BY … LIMIT 1 in parentheses, which
+# SQLite's grammar refuses). MariaDB does not answer the recursive step from the index (it reads
+# the whole index at each step), but its GROUP BY on the first column of an index skips from one
+# value to the next by itself ("Using index for group-by").
+_DISTINCT_SCOPES = {
+    "mysql": "SELECT scope FROM {table} GROUP BY scope ORDER BY scope LIMIT %s",
+    "sqlite": """
+WITH RECURSIVE scopes(scope) AS (
+    SELECT MIN(scope) FROM {table}
+    UNION ALL
+    SELECT (SELECT MIN(scope) FROM {table} WHERE scope > scopes.scope)
+    FROM scopes WHERE scopes.scope IS NOT NULL
+)
+SELECT scope FROM scopes WHERE scope IS NOT NULL LIMIT %s
+""",
+}
+
+
+class PostgresPartialIndex(models.Index):
+    """An index of the rows matching ``where`` on PostgreSQL, of every row on the other databases.
+
+    MySQL has no partial index (Django would skip the index there), and SQLite uses one only for a
+    WHERE that repeats its condition's very terms, never for ``status = 'FAILED'``.
+    """
+
+    def __init__(self, *args: Any, where: models.Q, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.where = where
+
+    def deconstruct(self) -> Any:
+        path, args, kwargs = super().deconstruct()
+        return path, args, {**kwargs, "where": self.where}
+
+    def create_sql(self, model: Any, schema_editor: Any, using: str = "", **kwargs: Any) -> Any:
+        if schema_editor.connection.vendor == "postgresql":
+            self.condition = self.where  # kept off otherwise, so checks on MySQL do not warn (W037)
+            try:
+                return super().create_sql(model, schema_editor, using=using, **kwargs)
+            finally:
+                self.condition = None
+        return super().create_sql(model, schema_editor, using=using, **kwargs)
+
 
 class IdempotencyRecord(models.Model):
     """One idempotency key: who holds it, how it ended and what it returned."""
@@ -112,7 +178,18 @@ class IdempotencyRecord(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["scope", "key"], name="django_idempotent_tasks_scope_key_uniq")
         ]
-        indexes = [models.Index(fields=["expires_at"], name="django_idempotent_expires_idx")]
+        indexes = [
+            models.Index(fields=["expires_at"], name="django_idempotent_expires_idx"),
+            # The admin's status and stuck filters and the status command: the few records that
+            # are not SUCCEEDED, newest first.
+            PostgresPartialIndex(
+                fields=["status", "id"],
+                name="django_idempotent_status_idx",
+                where=models.Q(status__in=["FAILED", "IN_PROGRESS"]),
+            ),
+            # The admin's date drill-down.
+            models.Index(fields=["created_at"], name="django_idempotent_created_idx"),
+        ]
         permissions = [("release_lease", _("Can release stuck leases"))]
 
     def __str__(self) -> str:

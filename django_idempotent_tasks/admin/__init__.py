@@ -68,7 +68,8 @@ class IdempotencyRecordAdmin(RecordActions):
     date_hierarchy = "created_at"
     search_fields = ("key", "task_id", "task_name")
     search_help_text = _(
-        "An exact key, scope:key, task id or task name (case-sensitive); end with * to match a prefix."
+        "An exact key, scope:key, task id or task name (case-sensitive); end with * to match a prefix "
+        "(key*: fast); wrap in * to match anywhere (*42*: reads every record, seconds on millions)."
     )
     ordering = ("-pk",)
     list_per_page = 50

@@ -8,7 +8,7 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
-from django.db.models import Count, Min
+from django.db.models import Count
 
 from django_idempotent_tasks import store
 from django_idempotent_tasks.management import key_state, options
@@ -56,7 +56,7 @@ class Command(BaseCommand):
         for task_name, status, n in rows:
             by_task.setdefault(task_name, dict.fromkeys(STATUSES, 0))[status] = n
         by_status = {status: sum(counts[status] for counts in by_task.values()) for status in STATUSES}
-        expired = store.records().expired().aggregate(n=Count("pk"), oldest=Min("expires_at"))
+        expired = key_state.expired_summary()
         return {
             "records": sum(by_status.values()),
             "by_status": by_status,
@@ -99,7 +99,7 @@ class Command(BaseCommand):
             lines.append(f"  {task_name}: {sum(counts.values()):,} ({detail})")
         stuck = store.records().stuck().count()
         lines.append(f"Stuck leases (IN_PROGRESS, lease expired): {stuck:,}")
-        expired = store.records().expired().aggregate(n=Count("pk"), oldest=Min("expires_at"))
+        expired = key_state.expired_summary()
         oldest = f", the oldest expired at {key_state.when(expired['oldest'])}" if expired["n"] else ""
         lines.append(f"Expired records (purgeable): {expired['n']:,}{oldest}")
         return lines
