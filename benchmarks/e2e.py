@@ -29,7 +29,7 @@ DUPLICATE_SHARE = 0.3
 RUN = uuid.uuid4().hex[:6]  # keys never repeat across invocations: a stale record would replay
 MIN_GAP = 20  # a redelivery comes back later: never while its original is still queued next to it
 PROGRESS = 5.0  # seconds between two progress lines of a wait
-STALL = 60.0  # seconds without the backlog shrinking before a run is declared stuck
+STALL = 30.0  # seconds without the backlog shrinking before a run is declared stuck
 
 
 def plan(messages: int, duplicates: bool, seed: int) -> list[tuple[int, bool]]:
