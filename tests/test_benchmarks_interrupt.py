@@ -37,7 +37,17 @@ def database_url(django_db_blocker: Any) -> Iterator[str]:
         cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
+@pytest.mark.parametrize(
+    "signum",
+    [
+        signal.SIGINT,
+        signal.SIGTERM,
+        pytest.param(
+            signal.SIGKILL,
+            marks=pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's"),
+        ),
+    ],
+)
 def test_an_interrupted_run_leaves_no_worker(database_url: str, signum: int) -> None:
     run = subprocess.Popen(
         [sys.executable, "-m", "benchmarks", "--quick", "--sections", "e2e"],
