@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import time
 
@@ -51,16 +52,31 @@ def main(argv: list[str]) -> int:
     if args.quick:
         args.calls, args.tasks, args.work_tasks, args.runs = 300, 300, 150, 1
         args.records, args.scale_calls, args.purge, args.memory_tasks = "0,100000", 200, 20_000, 1000
-    from django.db import connection
-
     from benchmarks import (
         celery_app,  # noqa: F401  (django.setup() and the tasks)
-        e2e,
-        layers,
-        overhead,
-        report,
-        scale,
+        workers,
     )
+
+    # make, a CI runner or kill end a run with SIGTERM or SIGHUP: unwind like Ctrl-C, stopping the workers.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _interrupt)
+    try:
+        return _run(args, parser)
+    except KeyboardInterrupt:
+        print("benchmarks: interrupted; workers stopped.", file=sys.stderr)
+        return 130
+    finally:
+        workers.stop_all()
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from django.db import connection
+
+    from benchmarks import database, e2e, layers, overhead, report, scale
 
     sections = args.sections.split(",")
     postgresql_only = sorted({"e2e", "scale"} & set(sections))
@@ -69,6 +85,7 @@ def main(argv: list[str]) -> int:
             f"sections {', '.join(postgresql_only)} run on PostgreSQL only; on {connection.display_name} "
             "run section 1 alone: --sections overhead"
         )
+    database.ready()  # each section sets up what it measures; this refuses an unusable URL first
     print(f"# django-idempotent-tasks benchmarks\n\n{report.machine()}\n{report.versions()}\n")
     started = time.monotonic()
     if "overhead" in sections:

@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db import connection
 
-from benchmarks import report
+from benchmarks import database, report
 from benchmarks.overhead import interleaved
 from benchmarks.systems import idempotent
 from django_idempotent_tasks import keys, statements, store
@@ -82,6 +82,7 @@ def _delivery_calls() -> Callable[[], object]:
 
 def run(calls: int, rounds: int = 10) -> str:
     """Measure the three layers interleaved in ``rounds`` blocks; expects overhead.prepare() done."""
+    database.ready()
     layers = {
         "bare driver calls": _bare_calls(),
         "the package's I/O functions": _package_calls(),

@@ -8,10 +8,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from django.core.management import call_command
 from django.db import connection
 
-from benchmarks import report
+from benchmarks import database, report
 from benchmarks.roundtrips import RoundTrips, counting
 from benchmarks.systems import idempotent, idempotent_atomic, idempotent_raise
 from django_idempotent_tasks import keys, store
@@ -25,7 +24,7 @@ SCOPE = idempotent.name
 
 def prepare() -> None:
     """Migrate, create the floor's table and start from no records and no locks."""
-    call_command("migrate", verbosity=0)
+    database.ready()
     serial = "bigserial" if connection.vendor == "postgresql" else "bigint AUTO_INCREMENT"
     with connection.cursor() as cursor:
         cursor.execute(

@@ -7,7 +7,7 @@ import time
 
 from django.db import connection
 
-from benchmarks import e2e, overhead, report, systems
+from benchmarks import database, e2e, overhead, report, systems
 from benchmarks.roundtrips import counting
 from benchmarks.workers import Worker
 from django_idempotent_tasks import purging, store
@@ -78,6 +78,7 @@ def latency(levels: list[int], calls: int) -> str:
 
 def purge(rows: int) -> str:
     """Expire ``rows`` filler records and delete them the way the command and the task do."""
+    database.ready()
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {overhead.RECORDS} SET expires_at = now() - interval '1 day' WHERE id IN"
@@ -98,6 +99,7 @@ def purge(rows: int) -> str:
 
 def memory(tasks: int, chunk: int = 1000) -> str:
     """Resident memory of a -P solo worker running IdempotentTask first executions, chunk by chunk."""
+    database.ready()
     worker = Worker("solo", 1).start()
     counter = itertools.count()
     samples = []

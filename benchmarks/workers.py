@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
@@ -16,6 +18,22 @@ from benchmarks.celery_app import app
 ROOT = Path(__file__).resolve().parent.parent
 IDLE_QUEUE = "celery"  # consumed all along: where a conflicting delivery re-queues itself
 QUEUE = "bench"  # staged while nobody consumes it, then opened to the worker at once
+STARTUP = 60  # seconds a worker has to answer a ping
+PR_SET_PDEATHSIG = 1
+#: The workers started and not yet stopped, for stop_all() on every exit path.
+running: set[Worker] = set()
+
+
+def _die_with_parent() -> None:
+    # In the child, before exec: SIGTERM it when the benchmark's process dies, even by SIGKILL,
+    # since its own session keeps it from the terminal's Ctrl-C and from make's signals.
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def stop_all() -> None:
+    """Stop every worker still running (the benchmark's last word on any exit path)."""
+    for worker in list(running):
+        worker.stop()
 
 
 class Worker:
@@ -45,12 +63,31 @@ class Worker:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform == "linux" else None,
             )
-        deadline = time.monotonic() + 60
+        running.add(self)
+        started = last_print = time.monotonic()
         while not app.control.ping(destination=[self.name], timeout=0.5):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"worker {self.label} did not start:\n{self.log.read_text()[-3000:]}")
+            now = time.monotonic()
+            if self.process.poll() is not None or now - started > STARTUP:
+                state = "exited" if self.process.poll() is not None else f"did not answer in {STARTUP} s"
+                self.stop()
+                raise SystemExit(
+                    f"benchmarks: worker {self.label} {state}; its log ends with:\n{self.tail()}"
+                )
+            if now - last_print >= 5:
+                last_print = now
+                print(
+                    f"  … waiting for worker {self.label} ({now - started:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return self
+
+    def tail(self, lines: int = 20) -> str:
+        """The last lines of the worker's log."""
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
 
     def consume(self, on: bool) -> None:
         """Open (or close) the staged queue to this worker; returns once the worker confirmed."""
@@ -74,12 +111,22 @@ class Worker:
         return sizes
 
     def stop(self) -> None:
-        """Warm shutdown of our own process group; SIGKILL after 20 s."""
-        if self.process is None or self.process.poll() is not None:
+        """Warm shutdown of the worker's process group; SIGKILL after 20 s or on a second interrupt."""
+        running.discard(self)
+        if self.process is None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
         try:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGTERM)
             self.process.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=20)
+        except BaseException:  # Ctrl-C again while waiting: no worker may outlive the benchmark
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=20)
+            raise
+        # A prefork child that outlived its parent is still in the group.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)

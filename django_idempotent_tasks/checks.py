@@ -9,9 +9,10 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from redis.exceptions import RedisError
 
+from django_idempotent_tasks import outages
 from django_idempotent_tasks.conf import conf
 from django_idempotent_tasks.locks import LOCK_CACHE_HINT, lock_cache_problem
 
@@ -166,6 +167,28 @@ def check_record_databases(app_configs: Any = None, **kwargs: Any) -> list[check
             id=f"{PREFIX}.W008",
         )
     ]
+
+
+def check_records_table(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E005 (deploy): the records' database answers and holds the records' table."""
+    from django_idempotent_tasks.models import IdempotencyRecord
+
+    alias = router.db_for_write(IdempotencyRecord)
+    table = IdempotencyRecord._meta.db_table
+    hint = (
+        f"Check DATABASES[{alias!r}] (NAME, USER, PASSWORD, HOST) and run `manage.py migrate "
+        f"--database {alias}`. Deliveries re-queue themselves until it answers, and log an ERROR."
+    )
+    try:
+        with connections[alias].cursor() as cursor:
+            tables = connections[alias].introspection.table_names(cursor)
+    except DatabaseError as exc:
+        message = f"The database {alias!r} of the idempotency records cannot be used: {outages.reason(exc)}."
+        return [checks.Error(message, hint=hint, id=f"{PREFIX}.E005")]
+    if table not in tables:
+        message = f"The database {alias!r} of the idempotency records has no table {table}."
+        return [checks.Error(message, hint=hint, id=f"{PREFIX}.E005")]
+    return []
 
 
 # Three pairs that an exact comparison tells apart and a folding collation does not.

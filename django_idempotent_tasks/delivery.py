@@ -14,7 +14,7 @@ from typing import Any
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
 from redis.exceptions import RedisError
 
-from django_idempotent_tasks import keys, logs, signals, store, values
+from django_idempotent_tasks import keys, logs, outages, signals, store, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyKeyMismatch, LeaseLost
 from django_idempotent_tasks.heartbeat import Heartbeat, held_write, renew
 from django_idempotent_tasks.idempotency import Idempotency, running
@@ -107,6 +107,7 @@ def connection_lost(delivery: Delivery, exc: OperationalError | InterfaceError) 
         connections[store.database()].close()
     if delivery.eager:
         raise exc
+    outages.connection_failed(delivery, exc)
     return Requeue("the database connection was lost")
 
 

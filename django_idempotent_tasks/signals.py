@@ -63,3 +63,6 @@ lease_lost = TaskSignal()
 attempts_exhausted = TaskSignal()
 #: A result could not be stored (not JSON or too large). kwargs: key, scope, reason.
 result_unstorable = TaskSignal()
+#: The records' database stayed unreachable for longer than a lease (logged as an ERROR at most once
+#: per lease and process; the delivery is re-queued). kwargs: key, scope, alias, error, seconds.
+database_unreachable = TaskSignal()

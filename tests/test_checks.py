@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from io import StringIO
 from typing import Any
@@ -15,6 +16,7 @@ from celery import Celery, _state
 from django.conf import settings
 from django.core import checks
 from django.core.management import call_command
+from django.db import connection
 from django.test import override_settings
 
 from django_idempotent_tasks import celery_checks
@@ -56,6 +58,7 @@ def celery_messages() -> list[checks.CheckMessage]:
     return celery_checks.check_celery_app()
 
 
+@pytest.mark.django_db  # check --deploy connects to the records' database (E005)
 def test_the_test_settings_pass_every_check() -> None:
     assert checks.run_checks(tags=[TAG], include_deployment_checks=True) == []
 
@@ -279,6 +282,7 @@ def evicting_redis(lock_redis: redis.Redis) -> Iterator[None]:
     lock_redis.config_set("maxmemory", before["maxmemory"])
 
 
+@pytest.mark.django_db  # check --deploy connects to the records' database (E005)
 def test_w007_lock_redis_can_evict_only_under_deploy(evicting_redis: None) -> None:
     expected = checks.Warning(
         "The lock Redis (cache 'locks') has maxmemory 536870912 with maxmemory-policy allkeys-lru: once full "
@@ -394,3 +398,45 @@ def test_without_a_current_app_the_checks_find_the_one_holding_idempotent_tasks(
         timeout=120,
     )
     assert (output.returncode, output.stdout) == (0, f"[{found!r}]\nNone\n"), output.stderr
+
+
+def check_deploy(database_name: str) -> subprocess.CompletedProcess[str]:
+    """``manage.py check --deploy`` of the test settings, with the records in ``database_name``."""
+    return subprocess.run(
+        [sys.executable, "-m", "django", "check", "--deploy", "--tag", TAG, "--settings", "tests.settings"],
+        cwd=ROOT,
+        env={**os.environ, "IDEMPOTENT_TESTS_DATABASE_NAME": database_name},
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite creates a missing database file")
+def test_e005_the_records_database_does_not_exist() -> None:
+    name = f"idem_gone_{uuid.uuid4().hex[:8]}"
+    checked = check_deploy(name)
+    assert checked.returncode == 1
+    assert f"({ID}.E005)" in checked.stderr
+    assert name in checked.stderr  # the driver's own message names the database
+    assert "migrate --database default" in checked.stderr
+
+
+@pytest.fixture
+def empty_database(django_db_blocker: Any, tmp_path: Any) -> Iterator[str]:
+    """A database that exists and holds no table."""
+    if connection.vendor == "sqlite":
+        yield str(tmp_path / "empty.sqlite3")
+        return
+    name = f"idem_empty_{uuid.uuid4().hex[:8]}"
+    with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
+        cursor.execute(f"CREATE DATABASE {connection.ops.quote_name(name)}")
+    yield name
+    with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
+        cursor.execute(f"DROP DATABASE {connection.ops.quote_name(name)}")
+
+
+def test_e005_the_records_table_is_missing(empty_database: str) -> None:
+    checked = check_deploy(empty_database)
+    assert checked.returncode == 1
+    assert f"({ID}.E005)" in checked.stderr
+    assert "django_idempotent_tasks_idempotencyrecord" in checked.stderr

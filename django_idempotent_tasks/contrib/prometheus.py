@@ -23,6 +23,7 @@ class Metrics:
     takeovers: Counter
     unstorable_results: Counter
     exhausted: Counter
+    unreachable: Counter
 
     def on_replayed(self, sender: Any, **kwargs: Any) -> None:
         self.replays.labels(task=sender.name).inc()
@@ -43,6 +44,9 @@ class Metrics:
     def on_exhausted(self, sender: Any, **kwargs: Any) -> None:
         self.exhausted.labels(task=sender.name).inc()
 
+    def on_unreachable(self, sender: Any, alias: str, **kwargs: Any) -> None:
+        self.unreachable.labels(task=sender.name, database=alias).inc()
+
 
 # A registry refuses a second counter of one name. Each entry keeps its registry alive, so the
 # id() keys (here and in dispatch_uid) never come back for another registry.
@@ -55,6 +59,7 @@ SIGNALS = (
     signals.task_claimed,
     signals.result_unstorable,
     signals.attempts_exhausted,
+    signals.database_unreachable,
 )
 
 
@@ -69,6 +74,11 @@ def _counters(registry: CollectorRegistry) -> Metrics:
         takeovers=counter("takeovers", "Claims that took over the lease of a delivery that died."),
         unstorable_results=counter("unstorable_results", "Results that could not be stored."),
         exhausted=counter("attempts_exhausted", "Keys failed for good after max_attempts."),
+        unreachable=counter(
+            "database_unreachable",
+            "ERRORs logged because the records' database stayed unreachable for over a lease.",
+            "database",
+        ),
     )
 
 
@@ -85,6 +95,7 @@ def connect(registry: CollectorRegistry = REGISTRY) -> Metrics:
             metrics.on_claimed,
             metrics.on_unstorable,
             metrics.on_exhausted,
+            metrics.on_unreachable,
         )
         for signal, receiver in zip(SIGNALS, receivers, strict=True):
             signal.connect(receiver, weak=False, dispatch_uid=_uid(registry))

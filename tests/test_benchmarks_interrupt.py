@@ -1,0 +1,72 @@
+"""An interrupted benchmark run leaves no worker behind (Ctrl-C, SIGTERM, or its own process killed)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+from django.db import connection
+
+from tests.helpers import ROOT, START_TIMEOUT, wait_for
+
+pytestmark = [
+    pytest.mark.workers,
+    pytest.mark.skipif(connection.vendor != "postgresql", reason="section 2 runs on PostgreSQL only"),
+]
+pytest.importorskip("celery_once", reason="the peers of `make bench` (requirements/bench.txt)")
+
+
+def workers_of(run: subprocess.Popen[str]) -> list[int]:
+    """The worker processes a benchmark run started (named after the run's pid)."""
+    found = subprocess.run(["pgrep", "-f", f"bench-[a-z]+-{run.pid}@"], capture_output=True, text=True)
+    return [int(pid) for pid in found.stdout.split()]
+
+
+@pytest.fixture
+def database_url(django_db_blocker: Any) -> Iterator[str]:
+    """A database of its own, which the benchmark creates; dropped afterwards."""
+    name = f"{connection.settings_dict['NAME']}_bench_interrupt"
+    yield urlsplit(os.environ.get("DATABASE_URL", ""))._replace(path=f"/{name}").geturl()
+    with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
+        cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.mark.parametrize(
+    "signum",
+    [
+        signal.SIGINT,
+        signal.SIGTERM,
+        pytest.param(
+            signal.SIGKILL,
+            marks=pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's"),
+        ),
+    ],
+)
+def test_an_interrupted_run_leaves_no_worker(database_url: str, signum: int) -> None:
+    run = subprocess.Popen(
+        [sys.executable, "-m", "benchmarks", "--quick", "--sections", "e2e"],
+        cwd=ROOT,
+        env={**os.environ, "DATABASE_URL": database_url},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        wait_for(lambda: workers_of(run), timeout=START_TIMEOUT, what="the benchmark's worker")
+        run.send_signal(signum)
+        run.wait(timeout=60)
+        wait_for(lambda: not workers_of(run), timeout=30, what="the worker to stop")
+    finally:
+        for pid in workers_of(run):
+            os.killpg(pid, signal.SIGKILL)
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+    # Ctrl-C, and SIGTERM from make or a CI runner, unwind the run; SIGKILL ends it at once.
+    assert run.returncode == (-signal.SIGKILL if signum == signal.SIGKILL else 130)
