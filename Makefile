@@ -79,7 +79,7 @@ test-sqlite: venv  ## the suite on SQLite (no chaos, no row_locks tests)
 # then on quorum queues (countdowns then use Celery's native delayed delivery); the test setup
 # creates and deletes the vhost. The demo and the chaos suite read Redis queues, and the Quickstart
 # test runs the README's Redis setup: they stay on Redis.
-RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos" --ignore=tests/test_demo.py --ignore=tests/test_quickstart.py
+RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos and not bench" --ignore=tests/test_demo.py --ignore=tests/test_quickstart.py
 # The suite keeps a vhost it did not create; one left by an interrupted run (its queues declared
 # classic or quorum) would fail the next pass's declarations, so each pass starts without it.
 RABBITMQ_RESET := rabbitmqctl -s delete_vhost $(RABBITMQ_VHOST) >/dev/null 2>&1 || true
@@ -153,8 +153,9 @@ MATRIX_PATH := $(subst $(space),:,$(wildcard $(PYENV_ROOT)/versions/3.1[0-3].*/b
 TOX := PATH="$(MATRIX_PATH):$$PATH" $(BIN)/tox
 EDGE_LEGS := py310-django42-celery54,py313-django61-celery57
 # CI runs the edge legs after `make test` on the middle versions, so they skip what only costs time
-# there: the chaos suite, the explorer and the browser tests (all run in `make test` and in `make matrix`).
-EDGE_PYTEST_ARGS ?= -m "not chaos and not explorer and not browser"
+# there: the chaos suite, the explorer, the browser tests (all run in `make test` and in `make matrix`)
+# and the benchmarks' interrupt test (`make test` only: its peers are in requirements/bench.txt).
+EDGE_PYTEST_ARGS ?= -m "not chaos and not explorer and not browser and not bench"
 TOX_ARGS ?=
 
 .PHONY: matrix matrix-edges dist dist-check

@@ -17,9 +17,9 @@ from tests.helpers import ROOT, START_TIMEOUT, wait_for
 
 pytestmark = [
     pytest.mark.workers,
+    pytest.mark.bench,
     pytest.mark.skipif(connection.vendor != "postgresql", reason="section 2 runs on PostgreSQL only"),
 ]
-pytest.importorskip("celery_once", reason="the peers of `make bench` (requirements/bench.txt)")
 
 
 def workers_of(run: subprocess.Popen[str]) -> list[int]:
