@@ -97,11 +97,19 @@ purge-timing: venv  ## purge 1,000,000 expired rows while another process claims
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
 	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
 
-.PHONY: chaos soak
+.PHONY: chaos soak test-topologies
 
 chaos: venv  ## tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run
 	@scripts/check_services.sh
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
+# The production topologies (docs/deployment.md): PgBouncer, Redis Sentinel, a PostgreSQL primary
+# with a synchronous or asynchronous standby, a partitioned worker; every process on loopback ports
+# TOPOLOGIES_PORT_BASE .. +39, started and stopped by the tests. Not collected without -m topologies.
+TOPOLOGIES_PORT_BASE ?= 6500
+test-topologies: venv system-deps  ## the six production topologies under their faults (about 8 min)
+	@scripts/check_services.sh
+	TOPOLOGIES_PORT_BASE=$(TOPOLOGIES_PORT_BASE) $(BIN)/python -m pytest -m topologies tests/topologies $(PYTEST_ARGS)
 
 soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL on port 5434
 	@NEED_POSTGRES=0 scripts/check_services.sh

@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import os
+import random
 import time
 from typing import Any
 
 from celery.signals import task_postrun, task_prerun
 
+from tests.chaosapp import control as points
 from tests.chaosapp.celery_app import app
 from tests.chaosapp.control import control
 
 __all__ = ["app"]
+
+#: How long a body holds its claim (and an atomic body its transaction) after its effects: the
+#: chaos bodies are instant, and a fault must find keys in flight.
+BODY_SECONDS = (0.05, 0.6)
+_reached = points.reached
+
+
+def reached_then_hold(point: str, key: str) -> None:
+    _reached(point, key)
+    if point == "after_effect":
+        time.sleep(random.uniform(*BODY_SECONDS))
+
+
+points.reached = reached_then_hold
 
 
 @task_prerun.connect
