@@ -25,7 +25,7 @@ from tests.chaos.harness import PlanClock, Sender
 from tests.chaos.plan import Plan, Tier, make_plan, seed_from_env, value_of
 from tests.chaos.services import WorkerPool
 from tests.chaosapp import control
-from tests.chaosapp.tasks import LEASE, task_for
+from tests.chaosapp.tasks import LEASE, URGENT, task_for
 from tests.helpers import Worker, wait_for
 
 # About 640 messages over 240 keys, half of them atomic=True, a tenth of the keys sent 10 times at
@@ -132,7 +132,9 @@ class Result:
             if record.status != IdempotencyRecord.Status.SUCCEEDED or not isinstance(record.result, dict):
                 continue
             if record.result.get("fence") != record.fence:
-                found.append(f"{key}: fence {record.fence} completed with the result of fence {record.result.get('fence')}")
+                found.append(
+                    f"{key}: fence {record.fence} completed with the result of fence {record.result.get('fence')}"
+                )
         return found
 
 
@@ -146,6 +148,21 @@ class Fault:
         self.started = self.ended = 0.0
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
+        self.send: Sender | None = None
+
+    def resend_held(self) -> int:
+        """One more copy of every key a child runs now, on the urgent queue (ahead of the backlog).
+
+        Sent once the holders' leases ran out, these copies find the keys' records with no live
+        lease: they take over while the old holders are still cut off or paused.
+        """
+        assert self.send is not None
+        running = {checker.text(raw).split()[0] for raw in control.control().hkeys("running")}
+        keys = sorted({key for task_id, key in list(self.send.messages) if task_id in running})
+        for key in keys:
+            self.send(task_for(key), key, (value_of(key),), queue=URGENT)
+        self.count("copies of held keys", len(keys))
+        return len(keys)
 
     def count(self, kind: str, n: int = 1) -> None:
         self.injected[kind] = self.injected.get(kind, 0) + n
@@ -174,6 +191,7 @@ def run(
     plan = make_plan(BURST, seed_from_env())
     pool = TopologyPool(env, slots)
     send = Sender()
+    fault.send = send
     with capsys.disabled():
         print(f"\ntopology {name}: seed {plan.seed} (replay with CHAOS_SEED={plan.seed})", flush=True)
     try:
@@ -208,8 +226,15 @@ def run(
         windows = [(fault.started, fault.ended)] if explained_by_fault else []
         verdict = checker.check(observed, set(), set(), set(), windows)
         return Result(
-            name, plan, verdict, observed, fault.injected, runtimes.longest, time.monotonic() - started,
-            pool.logs(), fault.notes,
+            name,
+            plan,
+            verdict,
+            observed,
+            fault.injected,
+            runtimes.longest,
+            time.monotonic() - started,
+            pool.logs(),
+            fault.notes,
         )
     finally:
         pool.stop()
@@ -234,7 +259,8 @@ def failures(result: Result, bounded: bool) -> list[str]:
 def assert_held(result: Result, bounded: bool) -> None:
     found = failures(result, bounded)
     assert not found, (
-        f"{len(found)} violations in topology {result.name}:\n" + "\n".join(found[:40])
+        f"{len(found)} violations in topology {result.name}:\n"
+        + "\n".join(found[:40])
         + f"\n{result.table()}\nworker logs: {result.logs}"
     )
 

@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import redis
 
@@ -321,14 +320,16 @@ class Cluster:
         self.port = port
 
     def initdb(self, **settings: str) -> Cluster:
-        as_postgres([str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"])
+        as_postgres(
+            [str(PG_BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"]
+        )
         self.configure(**settings)
         return self
 
     def basebackup(self, source: Cluster, conninfo: str, **settings: str) -> Cluster:
         """A standby of ``source``: pg_basebackup -R, streaming from ``conninfo``."""
         command = [str(PG_BIN / "pg_basebackup"), "-h", "127.0.0.1", "-p", str(source.port), "-U", "postgres"]
-        as_postgres([*command, "-D", str(self.data), "-R", "-X", "stream", "--no-sync"])
+        as_postgres([*command, "-D", str(self.data), "-R", "-X", "stream", "-c", "fast", "--no-sync"])
         self.configure(primary_conninfo=f"'{conninfo}'", **settings)
         return self
 
@@ -340,7 +341,21 @@ class Cluster:
     def start(self) -> Cluster:
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"
         log = str(self.data / "server.log")
-        as_postgres([str(PG_BIN / "pg_ctl"), "-D", str(self.data), "-w", "-t", "60", "-l", log, "-o", options, "start"])
+        as_postgres(
+            [
+                str(PG_BIN / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                log,
+                "-o",
+                options,
+                "start",
+            ]
+        )
         return self
 
     @property
@@ -393,6 +408,10 @@ class BlackholeProxy(DropProxy):
         self.started_at: float | None = None
         self.healed_at: float | None = None
 
+    def start(self) -> BlackholeProxy:
+        super().start()
+        return self
+
     def blackhole(self) -> None:
         self.started_at = time.monotonic()
         self.open.clear()
@@ -400,6 +419,27 @@ class BlackholeProxy(DropProxy):
     def heal(self) -> None:
         self.healed_at = time.monotonic()
         self.open.set()
+
+    def stop(self) -> None:
+        super().stop()
+        self.open.set()  # the pumps wake up on closed sockets and end; nothing held is forwarded
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, address = self.listener.accept()
+            except OSError:
+                return
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()  # the target is down (a crashed primary): so is this connection
+                continue
+            pair = _Pair(client, server)
+            with self.lock:
+                self.pairs[address[1]] = pair
+            for source, sink, reply in ((client, server, False), (server, client, True)):
+                threading.Thread(target=self._pump, args=(pair, source, sink, reply), daemon=True).start()
 
     def _pump(self, pair: _Pair, source: socket.socket, sink: socket.socket, reply: bool) -> None:
         try:
@@ -423,5 +463,6 @@ def free(port: int) -> bool:
 
 def require_free(*ports: int) -> None:
     busy = [port for port in ports if not free(port)]
-    assert not busy, f"ports {busy} are taken: a previous run left a process behind, or set TOPOLOGIES_PORT_BASE"
-
+    assert not busy, (
+        f"ports {busy} are taken: a previous run left a process behind, or set TOPOLOGIES_PORT_BASE"
+    )

@@ -11,7 +11,13 @@ from tests.topologies.config import sentinel_cache
 
 # TOPOLOGIES_DATABASE: JSON merged into DATABASES["default"] (PgBouncer, multi-host, a proxy).
 if os.environ.get("TOPOLOGIES_DATABASE"):
-    DATABASES = {**DATABASES, "default": {**DATABASES["default"], **json.loads(os.environ["TOPOLOGIES_DATABASE"])}}
+    DATABASES = {
+        **DATABASES,
+        "default": {**DATABASES["default"], **json.loads(os.environ["TOPOLOGIES_DATABASE"])},
+    }
 # TOPOLOGIES_SENTINELS: the sentinels' ports; the lock cache then goes through Sentinel.
 if os.environ.get("TOPOLOGIES_SENTINELS"):
-    CACHES = {**CACHES, "locks": sentinel_cache([int(p) for p in os.environ["TOPOLOGIES_SENTINELS"].split(",")])}
+    CACHES = {
+        **CACHES,
+        "locks": sentinel_cache([int(p) for p in os.environ["TOPOLOGIES_SENTINELS"].split(",")]),
+    }

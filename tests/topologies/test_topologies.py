@@ -74,7 +74,9 @@ def test_t1_pgbouncer_server_connections_killed(
                 fault.count("server connection terminated", killed)
             time.sleep(0.5)
 
-    result = burst.run("T1 pgbouncer kills", worker_env, bouncer_slots(pgbouncer), Fault(strike), True, capsys)
+    result = burst.run(
+        "T1 pgbouncer kills", worker_env, bouncer_slots(pgbouncer), Fault(strike), True, capsys
+    )
     burst.report(result, capsys)
     assert result.faults.get("server connection terminated", 0) > 0, "no server connection was killed"
     burst.assert_held(result, bounded=False)
@@ -88,10 +90,14 @@ def test_t2_pgbouncer_paused_past_the_lease(
     def strike(fault: Fault) -> None:
         pgbouncer.admin("PAUSE")
         fault.count("pause")
-        time.sleep(PAUSE_SECONDS)
+        time.sleep(2 * LEASE)
+        fault.resend_held()  # their claims queue behind the paused completions
+        time.sleep(PAUSE_SECONDS - 2 * LEASE)
         pgbouncer.admin("RESUME")
 
-    result = burst.run("T2 pgbouncer pause", worker_env, bouncer_slots(pgbouncer), Fault(strike), True, capsys)
+    result = burst.run(
+        "T2 pgbouncer pause", worker_env, bouncer_slots(pgbouncer), Fault(strike), True, capsys
+    )
     burst.report(result, capsys)
     burst.assert_held(result, bounded=False)
 
@@ -120,6 +126,7 @@ def test_t3_lock_redis_behind_sentinel(
         for _ in range(2):
             time.sleep(2)
             fault.count("locks dropped", sentinels.drop_locks())
+            fault.resend_held()  # duplicates that find no lock: the database lease must turn them away
 
     env = {"TOPOLOGIES_SENTINELS": ",".join(str(port) for port in sentinels.ports)}
     result = burst.run("T3 sentinel", worker_env, [env, env], Fault(strike), False, capsys)
@@ -141,8 +148,7 @@ class Replicated:
         self.link = BlackholeProxy(config.REPLICATION_PROXY, ("127.0.0.1", config.PRIMARY))
 
     def start(self, schema: str) -> Replicated:
-        names = "'standby1'" if self.synchronous else "''"
-        self.primary.initdb(synchronous_standby_names=names, wal_sender_timeout="'5s'").start()
+        self.primary.initdb(wal_sender_timeout="'5s'").start()
         self.primary.sql(f"CREATE DATABASE {self.name}")
         done = subprocess.run(
             ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1", "-p", str(self.primary.port)]
@@ -155,7 +161,12 @@ class Replicated:
         assert done.returncode == 0, done.stderr
         self.link.start()
         conninfo = f"host=127.0.0.1 port={self.link.port} user=postgres application_name=standby1"
-        self.standby.basebackup(self.primary, conninfo).start()
+        names = "'standby1'" if self.synchronous else "''"
+        # The standby gets the primary's setting, as a copied configuration would give it: once
+        # promoted, it waits for a standby of its own until the failover manager resets it.
+        self.standby.basebackup(self.primary, conninfo, synchronous_standby_names=names).start()
+        self.primary.sql(f"ALTER SYSTEM SET synchronous_standby_names = {names}")
+        self.primary.sql("SELECT pg_reload_conf()")
         state = "sync" if self.synchronous else "async"
         wait_for(
             lambda: self.primary.sql("SELECT sync_state FROM pg_stat_replication").split() == [state],
@@ -179,7 +190,18 @@ def schema_of_test_database() -> str:
     """The test database's tables (pytest-django migrated it), to load into a cluster of our own."""
     settings = connection.settings_dict
     done = subprocess.run(
-        ["pg_dump", "-s", "-O", "-x", "-h", str(settings["HOST"]), "-p", str(settings["PORT"]), "-U", "postgres"]
+        [
+            "pg_dump",
+            "-s",
+            "-O",
+            "-x",
+            "-h",
+            str(settings["HOST"]),
+            "-p",
+            str(settings["PORT"]),
+            "-U",
+            "postgres",
+        ]
         + [str(settings["NAME"])],
         capture_output=True,
         text=True,
@@ -294,7 +316,9 @@ def test_t6_worker_partitioned_past_its_lease(
     def strike(fault: Fault) -> None:
         partition_proxy.blackhole()
         fault.count("partition (s)", int(PARTITION_SECONDS))
-        time.sleep(PARTITION_SECONDS)
+        time.sleep(2 * LEASE)
+        fault.resend_held()  # the cut-off holders' keys, taken over by the other worker
+        time.sleep(PARTITION_SECONDS - 2 * LEASE)
         partition_proxy.heal()
 
     name = test_database()
