@@ -58,7 +58,8 @@ class TopologyPool(WorkerPool):
 
     def _new(self, n: int) -> Worker:
         env = {**self.env, **self.slot_env[n], "DJANGO_SETTINGS_MODULE": "tests.topologies.settings"}
-        return Worker(f"topo{n}", env, app="tests.topologies.celery_app", extra=("-Q", "chaos,chaos.urgent"))
+        queues = f"chaos,chaos.urgent,topo{n}"  # topo<n>: what a fault sends to this worker alone
+        return Worker(f"topo{n}", env, app="tests.topologies.celery_app", extra=("-Q", queues))
 
 
 def database_env(database: dict[str, Any]) -> dict[str, str]:
@@ -149,6 +150,28 @@ class Fault:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.send: Sender | None = None
+        self.extra_keys: set[str] = set()
+
+    def hold(self, slot: int, count: int = 2, seconds: float = 4) -> list[str]:
+        """Send fresh keys (atomic and not) to worker ``slot``; return once its children hold them.
+
+        Each body stops ``seconds`` after its external call, claim made and lease renewed: the
+        fault then finds holders mid-body, whatever the burst was doing at that moment.
+        """
+        assert self.send is not None
+        first = 1000 + len(self.extra_keys)
+        keys = [f"held-{n}" for n in range(first, first + count)]
+        for key in keys:
+            control.arm("after_external", key, f"hold:{seconds}")
+            self.send(task_for(key), key, (value_of(key),), queue=f"topo{slot}")
+        self.extra_keys.update(keys)
+        wait_for(
+            lambda: all(control.control().exists(f"held:{key}") for key in keys),
+            timeout=60,
+            what=f"worker {slot} to hold {keys} mid-body",
+        )
+        self.count("keys held mid-body", count)
+        return keys
 
     def resend_held(self) -> int:
         """One more copy of every key a child runs now, on the urgent queue (ahead of the backlog).
@@ -213,9 +236,10 @@ def run(
             assert not fault.thread.is_alive(), f"the fault of {name} hung"
             if fault.error is not None:
                 raise AssertionError(f"the fault of {name} failed: {fault.error!r}") from fault.error
-            for key in plan.keys:  # one more copy of every key, after the fault
+            keys = set(plan.keys) | fault.extra_keys
+            for key in sorted(keys):  # one more copy of every key, after the fault
                 send(task_for(key), key, (value_of(key),))
-            observed = checker.Observed(keys=set(plan.keys), poison=set(), messages=send.messages)
+            observed = checker.Observed(keys=keys, poison=set(), messages=send.messages)
             with contextlib.suppress(AssertionError):
                 wait_for(lambda: checker.settled(observed), timeout=SETTLE_SECONDS, what="settling")
         pool.stop()  # a still world: records and effects are read in one consistent state

@@ -88,7 +88,9 @@ def test_t2_pgbouncer_paused_past_the_lease(
     """T2: PAUSE for 2.5 leases, then RESUME: only the current claim's writes may land."""
 
     def strike(fault: Fault) -> None:
-        pgbouncer.admin("PAUSE")
+        # Held 1 s only: a holder then waits out the pause within the chaos tasks' 20 s time limit.
+        fault.hold(0, seconds=1)
+        pgbouncer.admin("PAUSE")  # waits for the atomic holder's transaction, as PgBouncer does
         fault.count("pause")
         time.sleep(2 * LEASE)
         fault.resend_held()  # their claims queue behind the paused completions
@@ -314,6 +316,7 @@ def test_t6_worker_partitioned_past_its_lease(
     """T6: one worker's PostgreSQL traffic blackholed for 20 s (lease 6 s): the holder learns in time."""
 
     def strike(fault: Fault) -> None:
+        fault.hold(0)  # worker 0 is the one behind the proxy
         partition_proxy.blackhole()
         fault.count("partition (s)", int(PARTITION_SECONDS))
         time.sleep(2 * LEASE)
