@@ -421,6 +421,9 @@ class BlackholeProxy(DropProxy):
         self.open.set()
 
     def stop(self) -> None:
+        # close() alone leaves the port listening while the accept thread is blocked in accept().
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         super().stop()
         self.open.set()  # the pumps wake up on closed sockets and end; nothing held is forwarded
 
