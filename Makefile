@@ -9,7 +9,7 @@ QUICK_MARKERS := not workers and not browser and not chaos
 .PHONY: help venv test quick lint pytest demo system-deps
 
 help:  ## list the targets
-	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/activate: setup.cfg pyproject.toml requirements/test.txt requirements/dev.txt | system-deps
 	$(PYTHON) -m venv $(VENV)

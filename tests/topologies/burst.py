@@ -155,14 +155,15 @@ class Fault:
     def hold(self, slot: int, count: int = 2, seconds: float = 4) -> list[str]:
         """Send fresh keys (atomic and not) to worker ``slot``; return once its children hold them.
 
-        Each body stops ``seconds`` after its external call, claim made and lease renewed: the
-        fault then finds holders mid-body, whatever the burst was doing at that moment.
+        Each body stops for ``seconds`` once its effects are made (claim, external call, and the
+        atomic body's INSERT): the fault then finds holders mid-body whatever the burst was doing,
+        and what waits on it afterwards is the package's own work (renewals, the completion).
         """
         assert self.send is not None
         first = 1000 + len(self.extra_keys)
         keys = [f"held-{n}" for n in range(first, first + count)]
         for key in keys:
-            control.arm("after_external", key, f"hold:{seconds}")
+            control.arm("after_effect", key, f"hold:{seconds}")
             self.send(task_for(key), key, (value_of(key),), queue=f"topo{slot}")
         self.extra_keys.update(keys)
         wait_for(
