@@ -9,7 +9,7 @@ QUICK_MARKERS := not workers and not browser and not chaos
 .PHONY: help venv test quick lint pytest demo system-deps
 
 help:  ## list the targets
-	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(BIN)/activate: setup.cfg pyproject.toml requirements/test.txt requirements/dev.txt | system-deps
 	$(PYTHON) -m venv $(VENV)
@@ -117,11 +117,19 @@ docs-linkcheck: venv  ## check the external links of the documentation site (nee
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
 	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
 
-.PHONY: chaos soak
+.PHONY: chaos soak test-topologies
 
 chaos: venv  ## tier 1 of the chaos suite alone (make test runs it too); CHAOS_SEED=N replays a run
 	@scripts/check_services.sh
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
+
+# The production topologies (docs/deployment.md): PgBouncer, Redis Sentinel, a PostgreSQL primary
+# with a synchronous or asynchronous standby, a partitioned worker; every process on loopback ports
+# TOPOLOGIES_PORT_BASE .. +39, started and stopped by the tests. Not collected without -m topologies.
+TOPOLOGIES_PORT_BASE ?= 6500
+test-topologies: venv system-deps  ## the six production topologies under their faults (about 8 min)
+	@scripts/check_services.sh
+	TOPOLOGIES_PORT_BASE=$(TOPOLOGIES_PORT_BASE) $(BIN)/python -m pytest -m topologies tests/topologies $(PYTEST_ARGS)
 
 soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL on port 5434
 	@NEED_POSTGRES=0 scripts/check_services.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Install the Debian packages the make targets need when they are missing: venv support for the
 # system Python, the Redis and PostgreSQL clients (service checks), Chromium (browser tests),
-# libfaketime (skewed worker clocks), the MariaDB client library and pkg-config (mysqlclient).
+# libfaketime (skewed worker clocks), the MariaDB client library and pkg-config (mysqlclient),
+# PgBouncer and Redis Sentinel (make test-topologies).
 # As root it runs apt-get; otherwise it prints the exact command and fails.
 set -euo pipefail
 missing=()
@@ -13,6 +14,8 @@ compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || missing+=(fake
 pkg-config --exists libmariadb 2>/dev/null || pkg-config --exists mariadb 2>/dev/null || missing+=(libmariadb-dev)
 command -v pkg-config >/dev/null || missing+=(pkg-config)
 command -v cc >/dev/null || missing+=(gcc)
+command -v pgbouncer >/dev/null || [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
+command -v redis-sentinel >/dev/null || missing+=(redis-sentinel)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "make needs these Debian packages: ${missing[*]}" >&2

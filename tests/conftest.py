@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +12,13 @@ from django.db import connection
 from tests import brokers
 from tests.celery_app import app as celery_app  # noqa: F401  (binds shared tasks to the test app)
 from tests.helpers import Worker
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    """The topologies start their own PgBouncer, Sentinel and clusters: only ``-m topologies`` runs them."""
+    if collection_path.name == "topologies" and "topologies" not in (config.getoption("markexpr") or ""):
+        return True
+    return None
 
 
 def _flush_redis() -> None:
