@@ -99,6 +99,7 @@ class Attempt:
     ended_at: datetime | None = None
     ending: str | None = None
     detail: str = ""
+    recovered: bool = False
 
     @property
     def seconds(self) -> float | None:
@@ -107,9 +108,9 @@ class Attempt:
             return None
         return (self.ended_at - self.claimed_at).total_seconds()
 
-    def describe(self, recovered: bool = False) -> str:
+    def describe(self) -> str:
         """The attempt in one sentence, e.g. "attempt 1 on vm:15203 died mid-body after 2.1 s"."""
-        text = f"attempt {self.number} on {self.worker or '?'}" + (" recovered and" if recovered else "")
+        text = f"attempt {self.number} on {self.worker or '?'}" + (" recovered and" if self.recovered else "")
         if self.ending is None:
             return f"{text} is running"
         text += f" {ENDINGS.get(self.ending, self.ending)}"
@@ -132,6 +133,8 @@ class Attempt:
             "ending": self.ending,
             "seconds": self.seconds,
             "detail": self.detail,
+            "recovered": self.recovered,
+            "summary": self.describe(),
         }
 
 
@@ -176,15 +179,15 @@ def attempts(log: Any) -> list[Attempt]:
             if ended.ended_at is None or kind != "lease_lost":
                 ended.ended_at = _at(event)
             ended.detail = str(event.get("detail", ""))
+    for previous, attempt in zip(found, found[1:], strict=False):
+        # Taken over from a holder that never ended: what self.idempotency.recovered told the body.
+        attempt.recovered = previous.ending in _INTERRUPTED
     return found
+
+
+_INTERRUPTED = frozenset({"taken_over", "lease_lost"})
 
 
 def summary(log: Any) -> str:
     """Every attempt in one line, e.g. "attempt 1 on vm:15203 died mid-body …; attempt 2 recovered …"."""
-    found = attempts(log)
-    parts = []
-    for index, attempt in enumerate(found):
-        previous = found[index - 1] if index else None
-        recovered = previous is not None and previous.ending in {"taken_over", "died", "lease_lost"}
-        parts.append(attempt.describe(recovered=recovered))
-    return "; ".join(parts) if parts else "-"
+    return "; ".join(attempt.describe() for attempt in attempts(log)) or "-"
