@@ -180,12 +180,12 @@ def attempts(log: Any) -> list[Attempt]:
                 ended.ended_at = _at(event)
             ended.detail = str(event.get("detail", ""))
     for previous, attempt in zip(found, found[1:], strict=False):
-        # Taken over from a holder that never ended: what self.idempotency.recovered told the body.
+        # The previous holder stopped mid-body: this attempt may repeat what it had done.
         attempt.recovered = previous.ending in _INTERRUPTED
     return found
 
 
-_INTERRUPTED = frozenset({"taken_over", "lease_lost"})
+_INTERRUPTED = frozenset({"taken_over", "died", "lease_lost"})
 
 
 def summary(log: Any) -> str:
