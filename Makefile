@@ -95,7 +95,7 @@ purge-timing: venv  ## purge 1,000,000 expired rows while another process claims
 
 .PHONY: screenshots
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
-	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
+	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py tests/test_operator_browser.py
 
 .PHONY: chaos soak
 

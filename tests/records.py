@@ -74,7 +74,7 @@ def operator_scene() -> dict[str, IdempotencyRecord]:
         "succeeded": make("order-charge-1003", shop=True, fence=2, attempts=2, attempts_log=recovered_log()),
         "long": make("customer-7781/invoice-2026-11/line-items/recompute-totals-after-refund", shop=True),
         "live": live("order-charge-1005", shop=True, scope="payments", task_name=CHARGE),
-        "stuck": stuck("order-charge-1006", shop=True),
+        "stuck": stuck("order-charge-1006", shop=True, attempts_log=recovered_log()[:2]),
         "result": make(
             "order-charge-1007",
             shop=True,
