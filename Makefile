@@ -14,7 +14,7 @@ help:  ## list the targets
 $(BIN)/activate: setup.cfg pyproject.toml requirements/test.txt requirements/dev.txt | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[metrics]" -r requirements/dev.txt
+	$(BIN)/pip install --quiet -e ".[metrics,opentelemetry]" -r requirements/dev.txt
 	touch $(BIN)/activate
 
 venv: $(BIN)/activate  ## create .venv with the package and the dev tools (every target does it)
