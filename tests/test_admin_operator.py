@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
-from tests.test_admin import CHANGELIST, detail, login, staff
+from tests.test_admin import CHANGELIST, detail, login, queries_of, staff
 
 pytestmark = pytest.mark.django_db
 Status = IdempotencyRecord.Status
@@ -92,3 +92,10 @@ def test_release_leaves_a_record_that_is_not_stuck_alone(superuser: Client) -> N
     assert IdempotencyRecord.objects.get(pk=live.pk).status == Status.IN_PROGRESS
     missing = reverse("admin:django_idempotent_tasks_idempotencyrecord_release", args=[live.pk + 1000])
     assert superuser.get(missing).status_code == 404
+
+
+def test_the_changelist_leaves_the_attempts_log_out(superuser: Client) -> None:
+    records.make("order-49", shop=True, attempts_log=records.recovered_log())
+    _page, queries = queries_of(superuser, CHANGELIST)
+    selects = [sql for sql in queries if "idempotencyrecord" in sql and sql.startswith("SELECT")]
+    assert selects and not any("attempts_log" in sql for sql in selects)

@@ -76,7 +76,9 @@ class RecordChangeList(ChangeList):
 
     # *args: Django 5.0 added exclude_parameters, which 4.2 does not accept.
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
-        queryset = super().get_queryset(request, *args, **kwargs).defer("result", "error", "steps")
+        queryset = (
+            super().get_queryset(request, *args, **kwargs).defer("result", "error", "steps", "attempts_log")
+        )
         params = compat.changelist_params(self)
         if params.get(ExpiredFilter.parameter_name) == "yes" and ORDER_VAR not in params:
             # Expired records are the oldest: walking the primary key down from the newest would

@@ -79,6 +79,8 @@ class StuckKeys:
 def oldest(limit: int) -> StuckKeys:
     """The ``limit`` stuck records whose lease expired first, and the count of all stuck records."""
     stuck = store.records().stuck()
-    found = list(stuck.order_by("lease_expires_at", "pk")[:limit])
+    found = list(
+        stuck.defer("result", "error", "steps", "attempts_log").order_by("lease_expires_at", "pk")[:limit]
+    )
     total = len(found) if len(found) < limit else stuck.count()
     return StuckKeys(found, total)
