@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection
+from django.db.models import F
 from django.utils import timezone
 from opentelemetry.instrumentation.celery import CeleryInstrumentor
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from django_idempotent_tasks import signals
 from django_idempotent_tasks.contrib import opentelemetry
 from django_idempotent_tasks.logs import key_hash
 from django_idempotent_tasks.models import IdempotencyRecord
@@ -133,3 +138,31 @@ def test_a_real_worker_traces_its_deliveries(worker_env: dict[str, str]) -> None
     for span in (completed, replayed):
         assert by_id[span["parent_id"]]["name"] == f"run/{tasks.record_effect.name}"
         assert span["pid"] != worker.pid  # a prefork child, set up after the fork
+
+
+def test_a_lease_lost_off_the_delivery_thread_opens_no_span(exporter: InMemorySpanExporter) -> None:
+    left: list[Any] = []
+
+    def heartbeat() -> None:
+        signals.lease_lost.send(sender=tasks.record_effect, key="o-6", scope="s", fence=1)
+        left.append(opentelemetry._open.get())
+
+    thread = threading.Thread(target=heartbeat)
+    thread.start()
+    thread.join()
+    assert left == [None] and exporter.get_finished_spans() == ()
+
+
+def test_a_lost_lease_ends_the_span_as_lost(exporter: InMemorySpanExporter) -> None:
+    def take_over() -> None:
+        time.sleep(0.5)  # while the body sleeps, another delivery takes the lease and finishes
+        IdempotencyRecord.objects.filter(key="o-7").update(fence=F("fence") + 1, status="SUCCEEDED")
+        connection.close()
+
+    thief = threading.Thread(target=take_over)
+    thief.start()
+    run(tasks.record_effect, 1, 1.0, key="o-7")
+    thief.join()
+    (span,) = ours(exporter)
+    assert events(span) == ["idempotency.claim", "idempotency.lease_lost"]
+    assert dict(span.attributes or {})["idempotency.outcome"] == "lease_lost"

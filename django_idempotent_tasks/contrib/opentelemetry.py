@@ -97,8 +97,12 @@ def on_conflict(sender: Any, key: str, scope: str, action: str, **kw: Any) -> No
 
 
 def on_lease_lost(sender: Any, key: str, scope: str, fence: int, **kw: Any) -> None:
-    _span(sender, key, scope).add_event(f"{PREFIX}.lease_lost", {f"{PREFIX}.fence": fence})
-    (_open.get() or {})[(scope, key)][1][0] = "lease_lost"
+    # The heartbeat finds a lost lease off the delivery's thread, where no span of it is open:
+    # the delivery's own thread sends this signal again when its completion is refused.
+    found = (_open.get() or {}).get((scope, key))
+    if found is not None:
+        found[0].add_event(f"{PREFIX}.lease_lost", {f"{PREFIX}.fence": fence})
+        found[1][0] = "lease_lost"
 
 
 def on_unstorable(sender: Any, key: str, scope: str, reason: str, **kw: Any) -> None:
