@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from datetime import timezone as dt_timezone
+from typing import Any
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
@@ -12,6 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from django_idempotent_tasks import store
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
 from tests.test_admin import CHANGELIST, detail, login, queries_of, staff
@@ -99,3 +101,21 @@ def test_the_changelist_leaves_the_attempts_log_out(superuser: Client) -> None:
     _page, queries = queries_of(superuser, CHANGELIST)
     selects = [sql for sql in queries if "idempotencyrecord" in sql and sql.startswith("SELECT")]
     assert selects and not any("attempts_log" in sql for sql in selects)
+
+
+def test_release_leaves_a_record_taken_over_after_the_page_read_it(
+    superuser: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stuck = records.stuck("order-50", shop=True)
+    release = store.release_lease
+
+    def taken_over_first(seen: IdempotencyRecord, by: str, **kwargs: Any) -> bool:
+        # A redelivery claims the key between the page's read and its fenced write.
+        IdempotencyRecord.objects.filter(pk=seen.pk).update(fence=seen.fence + 1)
+        return release(seen, by, **kwargs)
+
+    monkeypatch.setattr(store, "release_lease", taken_over_first)
+    page = superuser.post(release_url(stuck), {"post": "yes"}, follow=True).content.decode()
+    assert "was taken over or finished meanwhile: nothing was changed." in page
+    assert IdempotencyRecord.objects.get(pk=stuck.pk).status == Status.IN_PROGRESS
+    assert not LogEntry.objects.exists()

@@ -152,3 +152,18 @@ def test_a_sigkill_mid_body_shows_in_the_history(running_workers: list[Worker]) 
     assert (second.number, second.ending, second.task_id) == (2, "completed", done.task_id)
     assert "; attempt 2 on " in history.summary(done.attempts_log)
     assert " recovered and completed after " in history.summary(done.attempts_log)
+
+
+def test_a_history_is_read_whatever_it_holds() -> None:
+    claimed = {"event": "claimed", "fence": 3, "attempt": 3, "worker": "h:1", "task_id": "t", "at": None}
+    log = [
+        "not an event",
+        {"event": "completed", "fence": 2, "at": "2026-12-03T07:54:09Z"},  # its claim was dropped
+        claimed,
+        {"event": "renamed", "fence": 3},  # an event a later version may write
+    ]
+    (attempt,) = history.attempts(log)
+    assert (attempt.number, attempt.ending, attempt.seconds) == (3, None, None)
+    assert history.summary(log) == "attempt 3 on h:1 is running"
+    assert history.attempts(None) == [] and history.summary({}) == "-"
+    assert attempt.as_json()["claimed_at"] is None

@@ -82,6 +82,8 @@ def test_take_over_conflict_failure_and_unstorable_are_events(exporter: InMemory
     run(tasks.raising_conflict, 0, key="o-2")
     run(tasks.failing, 5, key="o-3")
     run(tasks.unstorable, "nan", key="o-4")
+    for _ in range(4):  # max_attempts=3: the fourth delivery finds the key failed for good
+        run(tasks.failing, 10, key="o-8")
     by_key: dict[str, list[ReadableSpan]] = {}
     for span in ours(exporter):
         by_key.setdefault(str((span.attributes or {})["idempotency.key_hash"]), []).append(span)
@@ -96,6 +98,12 @@ def test_take_over_conflict_failure_and_unstorable_are_events(exporter: InMemory
     assert events(failed) == ["idempotency.claim", "idempotency.failed"]
     assert failed.status.status_code.name == "ERROR"
     assert events(unstorable) == ["idempotency.claim", "idempotency.unstorable", "idempotency.completed"]
+    exhausted = by_key[key_hash("o-8")][-1]
+    assert events(exhausted) == ["idempotency.exhausted"]
+    assert (dict(exhausted.attributes or {})["idempotency.outcome"], exhausted.status.status_code.name) == (
+        "exhausted",
+        "ERROR",
+    )
 
 
 def test_a_span_is_a_child_of_celerys_span(exporter: InMemorySpanExporter) -> None:
