@@ -14,7 +14,7 @@ help:  ## list the targets
 $(BIN)/activate: setup.cfg pyproject.toml requirements/test.txt requirements/dev.txt | system-deps
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[metrics]" -r requirements/dev.txt
+	$(BIN)/pip install --quiet -e ".[metrics,opentelemetry]" -r requirements/dev.txt
 	touch $(BIN)/activate
 
 venv: $(BIN)/activate  ## create .venv with the package and the dev tools (every target does it)
@@ -115,7 +115,7 @@ docs-linkcheck: venv  ## check the external links of the documentation site (nee
 
 .PHONY: screenshots
 screenshots: venv  ## refresh docs/images/admin-*.png from the browser test
-	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py
+	IDEMPOTENT_TESTS_SCREENSHOTS=docs/images $(BIN)/pytest tests/test_browser.py tests/test_operator_browser.py
 
 .PHONY: chaos soak test-topologies
 

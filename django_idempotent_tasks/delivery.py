@@ -280,6 +280,7 @@ def lease_lost(delivery: Delivery, claim: store.Claim) -> Replayed:
     """A newer holder took over: answer with its result, or treat it as a conflict."""
     delivery.send(signals.lease_lost, fence=claim.fence)
     logger.warning("%s lost its lease (fence %d); its completion was refused.", delivery.label, claim.fence)
+    store.note_lease_lost(claim)
     record = store.lookup(delivery.scope, delivery.key)
     if record is not None and record.status == Status.SUCCEEDED:
         return Replayed(record.result)

@@ -155,6 +155,12 @@ class IdempotencyRecord(models.Model):
         _("steps"), default=dict, blank=True, help_text=_("Results of the checkpointed steps, by name.")
     )
     attempts = models.PositiveIntegerField(_("attempts"), default=1)
+    attempts_log = models.JSONField(
+        _("attempts log"),
+        default=list,
+        blank=True,
+        help_text=_("The last claims of the key: holder, task id, times and how each ended."),
+    )
     fence = models.PositiveIntegerField(
         _("fence"),
         default=1,

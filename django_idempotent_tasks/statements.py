@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db import connections, models
 
+from django_idempotent_tasks import history
 from django_idempotent_tasks.models import IdempotencyRecord, later_sql
 
 
@@ -38,14 +39,24 @@ def select_sql(alias: str, names: tuple[str, ...], *where: str) -> str:
 
 
 @functools.cache
-def insert_sql(alias: str, values: tuple[str, ...], clocked: tuple[str, ...]) -> tuple[str, bool]:
+def insert_sql(
+    alias: str, values: tuple[str, ...], clocked: tuple[str, ...], event: tuple[str, ...] = ()
+) -> tuple[str, bool]:
     """``INSERT`` of the columns ``values`` (parameters) and ``clocked`` (the database clock plus a
     parameter's seconds each), and whether it returns the new primary key itself (RETURNING)
-    rather than through the cursor."""
+    rather than through the cursor. A non-empty ``event`` starts the attempts log with an event of
+    those fields (parameters after the clocked ones)."""
     connection = connections[alias]
     quote, clock = connection.ops.quote_name, later_sql(connection.vendor)
-    columns = ", ".join(quote(column(name)) for name in (*values, *clocked))
-    placeholders = ", ".join([*("%s" for _ in values), *(clock for _ in clocked)])
+    logged = ("attempts_log",) if event else ()
+    columns = ", ".join(quote(column(name)) for name in (*values, *clocked, *logged))
+    placeholders = ", ".join(
+        [
+            *("%s" for _ in values),
+            *(clock for _ in clocked),
+            *(history.first_sql(connection.vendor, event) for _ in logged),
+        ]
+    )
     sql = f"INSERT INTO {_table(alias)} ({columns}) VALUES ({placeholders})"
     returning = bool(connection.features.can_return_columns_from_insert)
     if returning:
@@ -55,14 +66,21 @@ def insert_sql(alias: str, values: tuple[str, ...], clocked: tuple[str, ...]) ->
 
 
 @functools.cache
-def update_held_sql(alias: str, names: tuple[str, ...], later: tuple[str, ...]) -> str:
-    """``UPDATE … SET names = %s, later = clock + %s WHERE pk = %s AND fence = %s AND status = %s``."""
+def update_held_sql(
+    alias: str, names: tuple[str, ...], later: tuple[str, ...], event: tuple[str, ...] = ()
+) -> str:
+    """``UPDATE … SET names = %s, later = clock + %s WHERE pk = %s AND fence = %s AND status = %s``;
+    a non-empty ``event`` appends an event of those fields to the attempts log (parameters after
+    the later ones)."""
     quote = connections[alias].ops.quote_name
-    clock = later_sql(connections[alias].vendor)
+    vendor = connections[alias].vendor
+    clock = later_sql(vendor)
+    log = quote(column("attempts_log"))
     assignments = ", ".join(
         [
             *(f"{quote(column(name))} = %s" for name in names),
             *(f"{quote(column(name))} = {clock}" for name in later),
+            *([f"{log} = {history.append_sql(vendor, log, event)}"] if event else []),
         ]
     )
     where = " AND ".join(f"{quote(column(name))} = %s" for name in ("pk", "fence", "status"))

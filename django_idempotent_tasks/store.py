@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from django_idempotent_tasks import statements
+from django_idempotent_tasks import history, statements
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
 from django_idempotent_tasks.values import error_shape
@@ -157,12 +158,13 @@ def insert(
     row = Row(
         0, scope, key, task_name, Status.IN_PROGRESS, fingerprint, None, None, {}, 1, 1, task_id, worker
     )
-    sql, returning = statements.insert_sql(alias, (*_INSERTED, *_STAMPED), _CLOCKED)
+    sql, returning = statements.insert_sql(alias, (*_INSERTED, *_STAMPED), _CLOCKED, _CLAIMED_EVENT)
     now = statements.prepare(connection, "created_at", timezone.now())
     params = [*(statements.prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
+    claimed = _claimed_event(fence=1, attempt=1, worker=worker, task_id=task_id)
     try:
         with _savepoint(), connection.cursor() as cursor:
-            cursor.execute(sql, [*params, lease_seconds, record_ttl])
+            cursor.execute(sql, [*params, lease_seconds, record_ttl, *claimed.values()])
             table, pk = IdempotencyRecord._meta.db_table, statements.column("pk")
             row.pk = cursor.fetchone()[0] if returning else connection.ops.last_insert_id(cursor, table, pk)
     except IntegrityError:
@@ -175,6 +177,14 @@ def insert(
 _INSERTED = _ROW_COLUMNS[1:]
 _STAMPED = ("created_at", "started_at")
 _CLOCKED = ("lease_expires_at", "expires_at")
+
+
+def _claimed_event(**fields: str | int) -> dict[str, str | int]:
+    """The attempts log's event of a claim (its time is the database clock's)."""
+    return {"event": "claimed", **fields}
+
+
+_CLAIMED_EVENT = tuple(_claimed_event(fence=0, attempt=0, worker="", task_id=""))
 
 
 def take_over(
@@ -193,7 +203,9 @@ def take_over(
         "lease_expires_at": DatabaseNow(lease_seconds),
         "expires_at": DatabaseNow(record_ttl),
     }
-    if not records().claimable().filter(pk=record.pk, fence=record.fence).update(**changes):
+    claimed = _claimed_event(fence=fence, attempt=attempt, worker=worker, task_id=task_id)
+    taken = records().claimable().filter(pk=record.pk, fence=record.fence)
+    if not taken.update(**changes, attempts_log=history.AppendEvent(**claimed)):
         return None
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
@@ -214,10 +226,13 @@ def _steps(pk: int) -> dict[str, Any]:
     return {} if found is None else dict(statements.decode(connection, ("steps",), found)[0] or {})
 
 
-def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: Any) -> bool:
+def _update_held(
+    claim: Claim, later: dict[str, int] | None = None, event: dict[str, Any] | None = None, **values: Any
+) -> bool:
     """``UPDATE … WHERE pk AND fence = mine AND status = IN_PROGRESS``; False if the fence moved on.
 
-    ``later`` sets columns to the database clock plus so many seconds.
+    ``later`` sets columns to the database clock plus so many seconds; ``event`` is appended to the
+    attempts log.
 
     One precompiled statement per set of columns: building the ORM's UPDATE cost more CPU than its
     round trip (see BENCHMARKS.md). Values are prepared by their fields, as the ORM would.
@@ -225,11 +240,11 @@ def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: An
     alias = database()
     connection = connections[alias]
     params = [statements.prepare(connection, name, value) for name, value in values.items()]
-    later = later or {}
+    later, event = later or {}, event or {}
     with connection.cursor() as cursor:
         cursor.execute(
-            statements.update_held_sql(alias, tuple(values), tuple(later)),
-            [*params, *later.values(), claim.record.pk, claim.fence, Status.IN_PROGRESS],
+            statements.update_held_sql(alias, tuple(values), tuple(later), tuple(event)),
+            [*params, *later.values(), *event.values(), claim.record.pk, claim.fence, Status.IN_PROGRESS],
         )
         return bool(cursor.rowcount == 1)
 
@@ -255,11 +270,19 @@ def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl
             completed_at=timezone.now(),
             lease_expires_at=None,
             later={"expires_at": record_ttl},
+            event={"event": "completed", "fence": claim.fence},
         )
 
 
-def _mark_failed(held: Any, error: dict[str, str], *, at_least_attempts: int | None = None) -> bool:
-    """The one FAILED transition: the lease ends, the error is stored; False if nothing matched."""
+def _mark_failed(
+    held: Any,
+    error: dict[str, str],
+    *,
+    at_least_attempts: int | None = None,
+    event: dict[str, str | int] | None = None,
+) -> bool:
+    """The one FAILED transition: the lease ends, the error is stored, ``event`` ends the holder's
+    attempt in the attempts log; False if nothing matched."""
     changes: dict[str, Any] = {
         "status": Status.FAILED,
         "error": error,
@@ -268,6 +291,8 @@ def _mark_failed(held: Any, error: dict[str, str], *, at_least_attempts: int | N
     }
     if at_least_attempts is not None:  # failed for good: no later delivery may claim it again
         changes["attempts"] = Greatest(F("attempts"), Value(at_least_attempts))
+    if event is not None:
+        changes["attempts_log"] = history.AppendEvent(**event)
     return bool(held.update(**changes))
 
 
@@ -277,7 +302,8 @@ def _held(claim: Claim) -> Any:
 
 def fail(claim: Claim, error: dict[str, str], *, for_good_after: int | None = None) -> bool:
     """Mark the key FAILED (retryable, or for good with ``for_good_after``); False if the fence moved on."""
-    return _mark_failed(_held(claim), error, at_least_attempts=for_good_after)
+    ended: dict[str, str | int] = {"event": "failed", "fence": claim.fence, "detail": error["type"]}
+    return _mark_failed(_held(claim), error, at_least_attempts=for_good_after, event=ended)
 
 
 def exhaust(record: Snapshot, max_attempts: int) -> bool:
@@ -306,7 +332,9 @@ def release_lease(record: IdempotencyRecord, by: str, *, force: bool = False) ->
     if not force:
         held = held.not_live()
     return _mark_failed(
-        held, error_shape("LeaseReleased", f"Lease released by {by} at {timezone.now().isoformat()}.")
+        held,
+        error_shape("LeaseReleased", f"Lease released by {by} at {timezone.now().isoformat()}."),
+        event={"event": "released", "fence": record.fence, "detail": f"by {by}"},
     )
 
 
@@ -318,4 +346,15 @@ def fail_task(scope: str, key: str, task_id: str, error: dict[str, str], worker:
     if record is None:
         return False
     # By fence: if another delivery took the key over since, this write matches nothing.
-    return _mark_failed(records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS), error)
+    died: dict[str, str | int] = {"event": "died", "fence": record.fence, "detail": error["type"]}
+    held = records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS)
+    return _mark_failed(held, error, event=died)
+
+
+def note_lease_lost(claim: Claim) -> None:
+    """Add to the attempts log that the holder of ``claim`` heard it lost its lease."""
+    # Its own round trip, on a rare path: the refused write that told it matched no row to append to.
+    lost = history.AppendEvent(event="lease_lost", fence=claim.fence)
+    # The history is a courtesy to the operator: never let it turn a lost lease into another error.
+    with contextlib.suppress(DatabaseError), _savepoint():
+        records().filter(pk=claim.record.pk).update(attempts_log=lost)

@@ -40,7 +40,7 @@ def _name(requirement: str) -> str:
     return re.split(r"[\s\[<>=!~;(]", requirement, maxsplit=1)[0].lower().replace("_", "-")
 
 
-PUBLISHED_EXTRAS = {"metrics"}
+PUBLISHED_EXTRAS = {"metrics", "opentelemetry"}
 
 
 def package_files() -> set[str]:

@@ -71,16 +71,33 @@ def operator_scene() -> dict[str, IdempotencyRecord]:
     return {
         "expired": expired("order-charge-1001", shop=True),
         "failed": failed("receipt-order-1002", shop=True),
-        "succeeded": make("order-charge-1003", shop=True, fence=2, attempts=2),
+        "succeeded": make("order-charge-1003", shop=True, fence=2, attempts=2, attempts_log=recovered_log()),
         "long": make("customer-7781/invoice-2026-11/line-items/recompute-totals-after-refund", shop=True),
         "live": live("order-charge-1005", shop=True, scope="payments", task_name=CHARGE),
-        "stuck": stuck("order-charge-1006", shop=True),
+        "stuck": stuck("order-charge-1006", shop=True, attempts_log=recovered_log()[:2]),
         "result": make(
             "order-charge-1007",
             shop=True,
             result={"charge_id": "ch_3PqX9", "amount_cents": 12900, "currency": "eur"},
         ),
     }
+
+
+def recovered_log(worker: str = "worker-1.example.internal:4242") -> list[dict[str, Any]]:
+    """The attempts log of a key whose first holder died mid-body and whose lease a second one took over."""
+    now = timezone.now()
+
+    def at(seconds: float) -> str:
+        return (
+            (now - timedelta(seconds=seconds)).astimezone(dt_timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        )
+
+    first, second = {"worker": worker, "task_id": "9b2e7c41"}, {"worker": "worker-2.example.internal:5151"}
+    return [
+        {"event": "claimed", "fence": 1, "attempt": 1, **first, "at": at(65.3)},
+        {"event": "claimed", "fence": 2, "attempt": 2, **second, "task_id": "9b2e7c41", "at": at(1.3)},
+        {"event": "completed", "fence": 2, "at": at(1.0)},
+    ]
 
 
 def _in_progress(key: str, until: datetime, shop: bool, fields: dict[str, Any]) -> IdempotencyRecord:

@@ -109,6 +109,7 @@ def test_status_of_a_key_shows_record_lease_and_lock(held: RedisLock, django_ass
         "  Result: null",
         "  Error: RuntimeError: boom",
         "  Steps: charge, email",
+        "  History: -",
     ]
     assert lines[-1] in lock_line(held)
 
@@ -118,11 +119,12 @@ def test_status_of_finished_and_stuck_records() -> None:
     records.stuck("stuck-1")
     records.make("odd-1", "IN_PROGRESS")
     lines = run("idempotency_status", "order-1").splitlines()
-    assert lines[10:14] == [
+    assert lines[10:15] == [
         "  Lease: none",
         f'  Result: {{"text": "{"x" * 190}… (312 characters)',
         "  Error: -",
         "  Steps: -",
+        "  History: -",
     ]
     assert lines[-1] == "Redis lock: not held"
     assert "  Lease: expired at 2020-01-01 00:00:00 UTC: stuck" in run("idempotency_status", "stuck-1")

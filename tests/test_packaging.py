@@ -93,6 +93,7 @@ def test_no_requirements_file_tool_is_a_published_dependency() -> None:
     setup.read(ROOT / "setup.cfg")
     checks = check_dist()
     published = {checks._name(line) for line in setup["options"]["install_requires"].split()}
-    published |= {checks._name(line) for line in setup["options.extras_require"]["metrics"].split()}
+    for extra in ("metrics", "opentelemetry"):
+        published |= {checks._name(line) for line in setup["options.extras_require"][extra].split()}
     assert {"pytest", "ruff", "django-celery-beat", "celery-once"} <= checks.dev_tools()
     assert not published & checks.dev_tools()

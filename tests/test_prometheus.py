@@ -6,19 +6,22 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from django.db import connection
 from django.db.models import F
 from django.utils import timezone
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 
 from django_idempotent_tasks.contrib import prometheus
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests.helpers import Worker, finished, wait_for
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
+QUEUE = "observed"
 BODY_SLEEP = 1.0  # seconds the body sleeps while another "delivery" takes its lease over
 
 
@@ -89,3 +92,61 @@ def test_connect_is_idempotent_and_disconnect_stops_counting(registry: Collector
     prometheus.connect(registry)
     run(tasks.raising_conflict, 0, key="m-6")
     assert value(registry, "replays", task=tasks.raising_conflict.name) == 1
+
+
+def test_deliveries_are_counted_by_outcome(registry: CollectorRegistry) -> None:
+    name = tasks.raising_conflict.name
+    run(tasks.raising_conflict, 0, key="m-7")
+    run(tasks.raising_conflict, 0, key="m-7")
+    run(tasks.raising_conflict, 0, key="m-7")
+    IdempotencyRecord.objects.filter(key="m-7").update(
+        status="IN_PROGRESS", lease_expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    run(tasks.raising_conflict, 0, key="m-7")
+    for _ in range(4):  # max_attempts=3: three failures, then the key is failed for good
+        run(tasks.failing, 10, key="m-8")
+    outcomes = {
+        outcome: value(registry, "deliveries", task=task, outcome=outcome)
+        for task, outcome in [
+            (name, "completed"),
+            (name, "replayed"),
+            (name, "conflict"),
+            (tasks.failing.name, "failed"),
+            (tasks.failing.name, "exhausted"),
+        ]
+    }
+    assert outcomes == {"completed": 1, "replayed": 2, "conflict": 1, "failed": 3, "exhausted": 1}
+
+
+@pytest.mark.workers
+def test_a_prefork_workers_counters_are_served_in_multiprocess_mode(
+    worker_env: dict[str, str], tmp_path: Path
+) -> None:
+    # The recipe of docs/observability.md: PROMETHEUS_MULTIPROC_DIR for the worker, counters
+    # connected in each child (tests/observed_app.py), one collector reading every child's file.
+    worker = Worker(
+        "prom",
+        {**worker_env, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)},
+        app="tests.observed_app",
+        extra=("-Q", QUEUE),
+    ).start()
+    try:
+        for n in range(4):  # two children: both end up with deliveries to count
+            tasks.record_effect.apply_async((n,), {"idempotency_key": f"prom-{n}"}, queue=QUEUE)
+        for n in range(4):
+            finished(f"prom-{n}")
+        tasks.record_effect.apply_async((0,), {"idempotency_key": "prom-0"}, queue=QUEUE)
+
+        served = CollectorRegistry()
+        multiprocess.MultiProcessCollector(served, path=str(tmp_path))  # type: ignore[no-untyped-call]
+
+        def replayed() -> float:
+            return value(served, "deliveries", task=tasks.record_effect.name, outcome="replayed")
+
+        wait_for(replayed, what="the worker's replay to be counted")
+    finally:
+        worker.stop()
+    assert value(served, "deliveries", task=tasks.record_effect.name, outcome="completed") == 4
+    assert replayed() == 1
+    assert len(list(tmp_path.glob("counter_*.db"))) >= 1
+    assert "idempotent_tasks_deliveries_total" in generate_latest(served).decode()

@@ -93,6 +93,7 @@ def test_one_key_as_json_with_its_lock() -> None:
             "result": None,
             "error": {"type": "RuntimeError", "message": "boom", "traceback": "..."},
             "steps": ["charge", "email"],
+            "history": [],
         },
         "lock": {"held": True, "token": lock.token, "ttl_ms": data["lock"]["ttl_ms"], "error": None},
     }

@@ -15,11 +15,11 @@ from django.http import HttpRequest, HttpResponse
 from django.urls import URLPattern, path
 from django.utils import formats, timezone
 from django.utils.html import format_html, format_html_join
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from django_idempotent_tasks import keys, locks, store
+from django_idempotent_tasks import history, keys, locks, store
 from django_idempotent_tasks.admin.actions import RecordActions
 from django_idempotent_tasks.admin.changelist import (
     EstimatedCountPaginator,
@@ -29,41 +29,52 @@ from django_idempotent_tasks.admin.changelist import (
     StuckFilter,
     search_condition,
 )
+from django_idempotent_tasks.admin.release import ReleaseView
 from django_idempotent_tasks.models import IdempotencyRecord
 
 logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
-KEY_DISPLAY_LENGTH = 40
+KEY_DISPLAY_LENGTH = 18
 _BADGE_COLOURS = {"succeeded": "#2e7d32", "failed": "#c62828", "in_progress": "#1565c0", "stuck": "#ef6c00"}
 _GENERAL = ("scope", "key", "task_name", "status_badge", "attempts", "fence", "fingerprint")
+_HISTORY = ("attempts_history",)
 _LEASE = ("lease_holder", "redis_lock")
 _OUTCOME = ("result_json", "error_details", "checkpoints")
-_DATES = ("created_at", "started_at", "completed_at", "expires_at")
+_DATES = ("created_at_display", "started", "completed_at_display", "expires")
+# Long lines (a traceback, a JSON value) wrap inside the page instead of widening it.
+_PRE = '<pre style="white-space:pre-wrap;overflow-wrap:anywhere">{}</pre>'
+#: Times to the second (a 60 s lease is judged by them), in the current time zone, named.
+TIME_FORMAT = "Y-m-d H:i:s T"
 
 
 def _pretty_json(value: Any) -> SafeString:
     text = json.dumps(value, cls=DjangoJSONEncoder, indent=2, sort_keys=True, ensure_ascii=False)
-    return format_html("<pre>{}</pre>", text)
+    return format_html(_PRE, text)
 
 
 def _when(moment: datetime | None) -> str:
-    return formats.localize(timezone.localtime(moment)) if moment else "-"
+    return formats.date_format(timezone.localtime(moment), TIME_FORMAT) if moment else "-"
+
+
+def _folded(moment: datetime | None) -> SafeString | str:
+    """A changelist time on two lines, date then clock and zone: a narrow column."""
+    if moment is None:
+        return "-"
+    local = timezone.localtime(moment)
+    return format_html(
+        '<span style="white-space:nowrap">{}</span> <span style="white-space:nowrap">{}</span>',
+        formats.date_format(local, "Y-m-d"),
+        formats.date_format(local, "H:i:s T"),
+    )
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(RecordActions):
+class IdempotencyRecordAdmin(ReleaseView, RecordActions):
     """Read-only: records are written by deliveries only; operators release or delete them."""
 
-    list_display = (
-        "short_key",
-        "task",
-        "status_badge",
-        "attempts",
-        "fence",
-        "created_at",
-        "completed_at",
-        "expires_at",
-    )
+    # Fits a 1366 px screen with both sidebars open (tests/test_operator_browser.py); the fence, the
+    # start and the expiry are on the record's page, the expired records behind their filter.
+    list_display = ("short_key", "task", "status_badge", "attempts", "created", "completed")
     list_filter = ("status", ScopeFilter, StuckFilter, ExpiredFilter)
     date_hierarchy = "created_at"
     search_fields = ("key", "task_id", "task_name")
@@ -82,11 +93,12 @@ class IdempotencyRecordAdmin(RecordActions):
     actions = ("delete_selected", "purge_selected_expired", "release_stuck_leases")
     fieldsets = (
         (None, {"fields": _GENERAL}),
+        (_("Attempts"), {"fields": _HISTORY}),
         (_("Lease"), {"fields": _LEASE}),
         (_("Outcome"), {"fields": _OUTCOME}),
         (_("Dates"), {"fields": _DATES}),
     )
-    readonly_fields = _GENERAL + _LEASE + _OUTCOME + _DATES
+    readonly_fields = _GENERAL + _HISTORY + _LEASE + _OUTCOME + _DATES
 
     # Records are written only by deliveries, through store.py.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -94,10 +106,6 @@ class IdempotencyRecordAdmin(RecordActions):
 
     def has_change_permission(self, request: HttpRequest, obj: IdempotencyRecord | None = None) -> bool:
         return False
-
-    def has_release_lease_permission(self, request: HttpRequest) -> bool:
-        """The custom permission that guards "Release stuck lease"."""
-        return request.user.has_perm(f"{self.opts.app_label}.release_lease")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[IdempotencyRecord]:
         # The write database, whatever the routers say about reads: a replica lagging behind would
@@ -120,13 +128,29 @@ class IdempotencyRecordAdmin(RecordActions):
         extra = {"has_delete_permission": self.has_delete_permission(request), **(extra_context or {})}
         return super().changelist_view(request, extra)
 
-    def get_urls(self) -> list[URLPattern]:
-        purge = path(
-            "purge-expired/",
-            self.admin_site.admin_view(self.purge_expired_view),
-            name=f"{self.opts.app_label}_{self.opts.model_name}_purge",
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: IdempotencyRecord | None = None,
+    ) -> HttpResponse:
+        context["show_release"] = (
+            obj is not None and obj.is_stuck and self.has_release_lease_permission(request)
         )
-        return [purge, *super().get_urls()]
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def get_urls(self) -> list[URLPattern]:
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        purge = path(
+            "purge-expired/", self.admin_site.admin_view(self.purge_expired_view), name=f"{name}_purge"
+        )
+        release = path(
+            "<path:object_id>/release/", self.admin_site.admin_view(self.release_view), name=f"{name}_release"
+        )
+        return [purge, release, *super().get_urls()]
 
     @admin.display(description=_("key"), ordering="key")
     def short_key(self, obj: IdempotencyRecord) -> SafeString:
@@ -135,8 +159,10 @@ class IdempotencyRecordAdmin(RecordActions):
         return format_html('<span title="{}" style="white-space:nowrap">{}</span>', key, shown)
 
     @admin.display(description=_("task / scope"), ordering="scope")
-    def task(self, obj: IdempotencyRecord) -> str:
-        return obj.task_name if obj.scope == obj.task_name else f"{obj.task_name} ({obj.scope})"
+    def task(self, obj: IdempotencyRecord) -> SafeString:
+        text = obj.task_name if obj.scope == obj.task_name else f"{obj.task_name} ({obj.scope})"
+        # A dotted name may wrap after each dot: the column stays narrow enough for a 1366 px screen.
+        return format_html_join(mark_safe(".<wbr>"), "{}", ((part,) for part in text.split(".")))
 
     @admin.display(description=_("status"), ordering="status")
     def status_badge(self, obj: IdempotencyRecord) -> SafeString:
@@ -192,11 +218,54 @@ class IdempotencyRecordAdmin(RecordActions):
             return "-"
         error = obj.error if isinstance(obj.error, dict) else {"message": obj.error}
         return format_html(
-            "<strong>{}</strong>: {}<pre>{}</pre>",
+            "<strong>{}</strong>: {}" + _PRE,
             error.get("type", ""),
             error.get("message", ""),
             error.get("traceback", ""),
         )
+
+    @admin.display(description=_("history"))
+    def attempts_history(self, obj: IdempotencyRecord) -> SafeString | str:
+        found = history.attempts(obj.attempts_log)
+        if not found:
+            return gettext("No attempt recorded.")
+        rows = [
+            (attempt.describe(), attempt.task_id or "-", _when(attempt.claimed_at), _when(attempt.ended_at))
+            for attempt in found
+        ]
+        return format_html(
+            '<table class="idempotency-history"><thead><tr><th>{}</th><th>{}</th><th>{}</th><th>{}</th>'
+            "</tr></thead><tbody>{}</tbody></table>",
+            gettext("attempt"),
+            gettext("task id"),
+            gettext("began"),
+            gettext("ended"),
+            format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description=_("created"), ordering="created_at")
+    def created(self, obj: IdempotencyRecord) -> SafeString | str:
+        return _folded(obj.created_at)
+
+    @admin.display(description=_("started at"), ordering="started_at")
+    def started(self, obj: IdempotencyRecord) -> str:
+        return _when(obj.started_at)
+
+    @admin.display(description=_("completed"), ordering="completed_at")
+    def completed(self, obj: IdempotencyRecord) -> SafeString | str:
+        return _folded(obj.completed_at)
+
+    @admin.display(description=_("created at"))
+    def created_at_display(self, obj: IdempotencyRecord) -> str:
+        return _when(obj.created_at)
+
+    @admin.display(description=_("completed at"))
+    def completed_at_display(self, obj: IdempotencyRecord) -> str:
+        return _when(obj.completed_at)
+
+    @admin.display(description=_("expires at"))
+    def expires(self, obj: IdempotencyRecord) -> str:
+        return _when(obj.expires_at)
 
     @admin.display(description=_("checkpoints"))
     def checkpoints(self, obj: IdempotencyRecord) -> SafeString | str:

@@ -17,6 +17,7 @@ PREFIX = "idempotent_tasks"
 class Metrics:
     """The counters, each labelled with the task name."""
 
+    deliveries: Counter
     replays: Counter
     conflicts: Counter
     lost_leases: Counter
@@ -27,9 +28,18 @@ class Metrics:
 
     def on_replayed(self, sender: Any, **kwargs: Any) -> None:
         self.replays.labels(task=sender.name).inc()
+        self.deliveries.labels(task=sender.name, outcome="replayed").inc()
+
+    def on_completed(self, sender: Any, **kwargs: Any) -> None:
+        self.deliveries.labels(task=sender.name, outcome="completed").inc()
+
+    def on_failed(self, sender: Any, **kwargs: Any) -> None:
+        self.deliveries.labels(task=sender.name, outcome="failed").inc()
 
     def on_conflict(self, sender: Any, action: str, **kwargs: Any) -> None:
         self.conflicts.labels(task=sender.name, action=action).inc()
+        if action != "wait":  # a waiting delivery goes on, and ends in one of the other outcomes
+            self.deliveries.labels(task=sender.name, outcome="conflict").inc()
 
     def on_lease_lost(self, sender: Any, **kwargs: Any) -> None:
         self.lost_leases.labels(task=sender.name).inc()
@@ -43,6 +53,7 @@ class Metrics:
 
     def on_exhausted(self, sender: Any, **kwargs: Any) -> None:
         self.exhausted.labels(task=sender.name).inc()
+        self.deliveries.labels(task=sender.name, outcome="exhausted").inc()
 
     def on_unreachable(self, sender: Any, alias: str, **kwargs: Any) -> None:
         self.unreachable.labels(task=sender.name, database=alias).inc()
@@ -60,6 +71,8 @@ SIGNALS = (
     signals.result_unstorable,
     signals.attempts_exhausted,
     signals.database_unreachable,
+    signals.task_completed,
+    signals.task_failed,
 )
 
 
@@ -68,6 +81,11 @@ def _counters(registry: CollectorRegistry) -> Metrics:
         return Counter(f"{PREFIX}_{name}", documentation, ["task", *labels], registry=registry)
 
     return Metrics(
+        deliveries=counter(
+            "deliveries",
+            "Deliveries by how they ended: replayed, completed, failed, conflict or exhausted.",
+            "outcome",
+        ),
         replays=counter("replays", "Deliveries answered from the stored result."),
         conflicts=counter("conflicts", "Deliveries that found the key held by another.", "action"),
         lost_leases=counter("lost_leases", "Holders whose lease was taken over."),
@@ -96,6 +114,8 @@ def connect(registry: CollectorRegistry = REGISTRY) -> Metrics:
             metrics.on_unstorable,
             metrics.on_exhausted,
             metrics.on_unreachable,
+            metrics.on_completed,
+            metrics.on_failed,
         )
         for signal, receiver in zip(SIGNALS, receivers, strict=True):
             signal.connect(receiver, weak=False, dispatch_uid=_uid(registry))

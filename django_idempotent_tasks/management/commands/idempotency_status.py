@@ -7,18 +7,21 @@ from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 
-from django_idempotent_tasks import store
-from django_idempotent_tasks.management import key_state, options
+from django_idempotent_tasks import history, store
+from django_idempotent_tasks.management import key_state, options, stuck_keys
 from django_idempotent_tasks.models import IdempotencyRecord
 
 STATUSES = IdempotencyRecord.Status.values
 
 
 class Command(BaseCommand):
-    help = "Show the idempotency records by status and task, or the record, lease and Redis lock of one key."
+    help = (
+        "Show the idempotency records by status and task, the record, attempts, lease and Redis lock "
+        "of one key, or the stuck keys and what to do about them."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
@@ -34,13 +37,41 @@ class Command(BaseCommand):
             "Default: every scope holding the key.",
         )
         parser.add_argument(
+            "--stuck",
+            action="store_true",
+            help="List the stuck keys (IN_PROGRESS, lease expired), oldest first, with the next step "
+            "to take. Default: off.",
+        )
+        parser.add_argument(
+            "--limit",
+            type=options.positive_int,
+            default=stuck_keys.DEFAULT_LIMIT,
+            help=f"With --stuck, list at most this many keys. Default: {stuck_keys.DEFAULT_LIMIT}.",
+        )
+        parser.add_argument(
             "--json",
             action="store_true",
             dest="as_json",
             help="Print one JSON object instead of text, for scripts and monitoring. Default: text.",
         )
 
-    def handle(self, *, key: str | None, scope: str | None, as_json: bool = False, **extra: Any) -> None:
+    def handle(
+        self,
+        *,
+        key: str | None,
+        scope: str | None,
+        as_json: bool = False,
+        stuck: bool = False,
+        limit: int = stuck_keys.DEFAULT_LIMIT,
+        **extra: Any,
+    ) -> None:
+        if stuck:
+            if key is not None:
+                raise CommandError("Pass either a key or --stuck, not both.")
+            found = stuck_keys.oldest(limit)
+            output = json.dumps(found.as_json(), indent=2) if as_json else "\n".join(found.lines())
+            self.stdout.write(output)
+            return
         if as_json:
             data = self._overview_data() if key is None else self._key_data(key, scope)
             self.stdout.write(json.dumps(data, indent=2, ensure_ascii=False))
@@ -78,6 +109,7 @@ class Command(BaseCommand):
         times = ("created_at", "started_at", "completed_at", "expires_at", "lease_expires_at")
         fields.update({name: _iso(getattr(record, name)) for name in times})
         fields.update(result=record.result, error=record.error, steps=sorted(record.steps or ()))
+        fields["history"] = [attempt.as_json() for attempt in history.attempts(record.attempts_log)]
         lock = _lock(key_state.lock_state(record.scope, record.key))
         return {"scope": record.scope, "key": record.key, "record": fields, "lock": lock}
 
@@ -128,7 +160,21 @@ class Command(BaseCommand):
             f"  Result: {key_state.short_json(record.result)}",
             f"  Error: {self._error(record)}",
             f"  Steps: {', '.join(sorted(record.steps)) if record.steps else '-'}",
+            *self._history(record),
             f"Redis lock: {key_state.lock_state(record.scope, record.key).describe()}",
+        ]
+
+    def _history(self, record: IdempotencyRecord) -> list[str]:
+        found = history.attempts(record.attempts_log)
+        if not found:
+            return ["  History: -"]
+        return [
+            "  History:",
+            *(
+                f"    {attempt.describe()} (task {attempt.task_id or '-'}, "
+                f"began {key_state.when(attempt.claimed_at)})"
+                for attempt in found
+            ),
         ]
 
     def _error(self, record: IdempotencyRecord) -> str:
