@@ -37,7 +37,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("django_idempotent_tasks", "0002_exact_keys"),
+        ("django_idempotent_tasks", "0004_attempt_history"),
     ]
 
     operations = [
