@@ -56,6 +56,7 @@ def celery_messages() -> list[checks.CheckMessage]:
     return celery_checks.check_celery_app()
 
 
+@pytest.mark.services  # W004 reads the lock Redis's eviction policy
 def test_the_test_settings_pass_every_check() -> None:
     assert checks.run_checks(tags=[TAG], include_deployment_checks=True) == []
 
@@ -321,7 +322,8 @@ def test_checks_never_create_a_celery_app() -> None:
 
 
 def _service_env() -> dict[str, str]:
-    return {name: os.environ[name] for name in ("DATABASE_URL", "REDIS_URL") if name in os.environ}
+    names = ("DATABASE_URL", "REDIS_URL", "IDEMPOTENT_TESTS_REDIS_URL", "IDEMPOTENT_TESTS_RUN_ID")
+    return {name: os.environ[name] for name in names if name in os.environ}
 
 
 @pytest.mark.parametrize(
