@@ -25,6 +25,7 @@ from django_idempotent_tasks.exceptions import (
 from django_idempotent_tasks.heartbeat import Heartbeat
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import calls, redis_down
+from tests.running import run_task as run
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
@@ -34,10 +35,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def error_of(record: IdempotencyRecord) -> dict[str, Any]:
     assert record.error is not None
     return dict(record.error)
-
-
-def run(task: Any, *args: Any, key: str, **kwargs: Any) -> Any:
-    return task.apply(args, {**kwargs, "idempotency_key": key}).get()
 
 
 @pytest.fixture

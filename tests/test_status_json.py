@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import json
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import call_command
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.locks import RedisLock, lock_client
 from tests import records
+from tests.running import run_command
 
 pytestmark = pytest.mark.django_db
 LOCK_SECONDS = 600
-
-
-def run(*args: str) -> str:
-    out = StringIO()
-    call_command("idempotency_status", *args, "--json", stdout=out)
-    return out.getvalue()
 
 
 def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
@@ -28,7 +21,7 @@ def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
     records.make("b", "FAILED", task_name="t1")
     records.stuck("d", task_name="t2")
     with django_assert_num_queries(3):
-        output = run()
+        output = run_command("idempotency_status", "--json")
     assert output == (
         "{\n"
         '  "records": 3,\n'
@@ -45,7 +38,7 @@ def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
 
 
 def test_no_records_as_json() -> None:
-    assert json.loads(run()) == {
+    assert json.loads(run_command("idempotency_status", "--json")) == {
         "records": 0,
         "by_status": {"IN_PROGRESS": 0, "SUCCEEDED": 0, "FAILED": 0},
         "by_task": {},
@@ -70,7 +63,7 @@ def test_one_key_as_json_with_its_lock() -> None:
             steps={"email": None, "charge": "ch_1"},
             error={"type": "RuntimeError", "message": "boom", "traceback": "..."},
         )
-        data = json.loads(run("order-1"))
+        data = json.loads(run_command("idempotency_status", "--json", "order-1"))
     finally:
         lock.release()
     assert data["lock"]["ttl_ms"] in range((LOCK_SECONDS - 5) * 1000, LOCK_SECONDS * 1000 + 1)
@@ -98,8 +91,13 @@ def test_one_key_as_json_with_its_lock() -> None:
 
 
 def test_a_missing_key_as_json() -> None:
-    assert json.loads(run("nope")) == {"scope": None, "key": "nope", "record": None, "lock": None}
-    assert json.loads(run("nope", "--scope", "s")) == {
+    assert json.loads(run_command("idempotency_status", "--json", "nope")) == {
+        "scope": None,
+        "key": "nope",
+        "record": None,
+        "lock": None,
+    }
+    assert json.loads(run_command("idempotency_status", "--json", "nope", "--scope", "s")) == {
         "scope": "s",
         "key": "nope",
         "record": None,
