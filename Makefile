@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # The edit-test loop: no worker processes, browser, demo or chaos suite.
 QUICK_MARKERS := not workers and not browser and not chaos
 
-.PHONY: help venv test quick unit lint pytest demo system-deps
+.PHONY: help venv test quick unit test-side-by-side lint pytest demo system-deps
 
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-14s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -51,6 +51,12 @@ quick: venv  ## the fast loop: unit and database tests, no workers, browser, dem
 UNIT_ENV := IDEMPOTENT_TESTS_REDIS_URL=redis://127.0.0.1:1 DATABASE_URL=postgres://nobody@127.0.0.1:1/none
 unit: venv  ## the tests that need no database, Redis or broker (-m unit, set by tests/conftest.py)
 	$(UNIT_ENV) $(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
+
+# Two runs at once, from this checkout and from a copy of its working tree: both must pass (the
+# README's "Test runs share a machine"). PYTEST_ARGS replaces make quick's selection.
+test-side-by-side: venv  ## make quick's selection twice at once, here and in a copy of this checkout
+	@scripts/check_services.sh
+	scripts/side_by_side.sh $(PYTEST_ARGS)
 
 # The demo's own database: SQLite next to manage.py, whatever DATABASE_URL the tests use.
 DEMO_DATABASE_URL ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
