@@ -110,7 +110,7 @@ chaos: venv  ## tier 1 of the chaos suite alone (make test runs it too); CHAOS_S
 	@scripts/check_services.sh
 	$(BIN)/python -m pytest tests/chaos $(PYTEST_ARGS)
 
-soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL on port 5434
+soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL on a free port
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	scripts/soak.sh $(PYTEST_ARGS)
 
