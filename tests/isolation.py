@@ -46,7 +46,7 @@ def free_port() -> int:
         return port
 
 
-def _die_with_parent() -> None:  # pragma: no cover  (runs in the child between fork and exec)
+def _die_with_parent() -> None:
     # Linux: the server gets SIGTERM when the test process dies, even of SIGKILL; elsewhere, atexit.
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
