@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # The edit-test loop: no worker processes, browser, demo or chaos suite.
 QUICK_MARKERS := not workers and not browser and not chaos
 
-.PHONY: help venv test quick lint pytest demo system-deps
+.PHONY: help venv test quick unit test-side-by-side lint pytest demo system-deps
 
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -47,16 +47,27 @@ quick: venv  ## the fast loop: unit and database tests, no workers, browser, dem
 	@scripts/check_services.sh
 	$(BIN)/python -m pytest -q -m "$(QUICK_MARKERS)" $(PYTEST_ARGS)
 
+# Dead addresses: a test that reaches a service fails here instead of passing on a running one.
+UNIT_ENV := IDEMPOTENT_TESTS_REDIS_URL=redis://127.0.0.1:1 DATABASE_URL=postgres://nobody@127.0.0.1:1/none
+unit: venv  ## the tests that need no database, Redis or broker (-m unit, set by tests/conftest.py)
+	$(UNIT_ENV) $(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
+
+# Two runs at once, from this checkout and from a copy of its working tree: both must pass (the
+# README's "Test runs share a machine"). PYTEST_ARGS replaces make quick's selection.
+test-side-by-side: venv  ## make quick's selection twice at once, here and in a copy of this checkout
+	@scripts/check_services.sh
+	scripts/side_by_side.sh $(PYTEST_ARGS)
+
 # The demo's own database: SQLite next to manage.py, whatever DATABASE_URL the tests use.
 DEMO_DATABASE_URL ?= sqlite:///$(CURDIR)/example_project/db.sqlite3
 
 demo: venv  ## the example project's demo of every cause of duplicate execution
-	@NEED_POSTGRES=0 scripts/check_services.sh
+	@NEED_POSTGRES=0 NEED_REDIS=url scripts/check_services.sh
 	DATABASE_URL=$(DEMO_DATABASE_URL) $(BIN)/python example_project/manage.py migrate --verbosity 0
 	DATABASE_URL=$(DEMO_DATABASE_URL) $(BIN)/python example_project/manage.py demo
 
 # The suite on the other backends (README, "Databases and brokers"); CI runs them after `make test`.
-# Each uses its own database or vhost, named by the URLs below, so they never touch `make test`'s.
+# Each run names its test database and vhost after the URLs below and the run id (tests/isolation.py).
 MARIADB_URL ?= mysql://root@localhost/idempotent_tests
 SQLITE_URL ?= sqlite:////tmp/idempotent-tests.sqlite3
 RABBITMQ_VHOST ?= idempotent-tests
@@ -76,18 +87,14 @@ test-sqlite: venv  ## the suite on SQLite (no chaos, no row_locks tests)
 	DATABASE_URL=$(SQLITE_URL) $(BIN)/python -m pytest --create-db -m "not chaos and not row_locks and not explorer" $(PYTEST_ARGS)
 
 # The real-worker tests with RabbitMQ as the broker (records on PostgreSQL), on classic queues and
-# then on quorum queues (countdowns then use Celery's native delayed delivery); the test setup
-# creates and deletes the vhost. The demo and the chaos suite read Redis queues, and the Quickstart
-# test runs the README's Redis setup: they stay on Redis.
+# then on quorum queues (countdowns then use Celery's native delayed delivery). Each pass runs in
+# the vhost $(RABBITMQ_VHOST)-<run id>, which the test setup creates (deleting one an interrupted
+# run left) and deletes. The demo and the chaos suite read Redis queues, and the Quickstart test
+# runs the README's Redis setup: they stay on Redis.
 RABBITMQ_PYTEST := $(BIN)/python -m pytest -m "workers and not chaos and not bench" --ignore=tests/test_demo.py --ignore=tests/test_quickstart.py
-# The suite keeps a vhost it did not create; one left by an interrupted run (its queues declared
-# classic or quorum) would fail the next pass's declarations, so each pass starts without it.
-RABBITMQ_RESET := rabbitmqctl -s delete_vhost $(RABBITMQ_VHOST) >/dev/null 2>&1 || true
 test-rabbitmq: venv  ## the real-worker tests with RabbitMQ as the broker
 	@scripts/check_services.sh
-	@$(RABBITMQ_RESET)
 	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
-	@$(RABBITMQ_RESET)
 	IDEMPOTENT_TESTS_BROKER_URL=$(RABBITMQ_URL) IDEMPOTENT_TESTS_QUEUE_TYPE=quorum $(RABBITMQ_PYTEST) $(PYTEST_ARGS)
 
 
@@ -131,7 +138,7 @@ test-topologies: venv system-deps  ## the six production topologies under their 
 	@scripts/check_services.sh
 	TOPOLOGIES_PORT_BASE=$(TOPOLOGIES_PORT_BASE) $(BIN)/python -m pytest -m topologies tests/topologies $(PYTEST_ARGS)
 
-soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL on port 5434
+soak: venv  ## tier 2: 10,000 deliveries with restarts of a private PostgreSQL on a free port
 	@NEED_POSTGRES=0 scripts/check_services.sh
 	scripts/soak.sh $(PYTEST_ARGS)
 
@@ -142,14 +149,14 @@ BENCH_ARGS ?=
 .PHONY: bench bench-mariadb
 bench: venv  ## the benchmarks against the peers (see BENCHMARKS.md)
 	$(BIN)/pip install --quiet -r requirements/bench.txt
-	@scripts/check_services.sh
+	@NEED_REDIS=url scripts/check_services.sh
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 # Section 1 alone on MariaDB (issue #17), in its own database, created here if missing.
 MARIADB_BENCH_DATABASE ?= idempotent_bench
 bench-mariadb: venv  ## section 1 of the benchmarks on MariaDB (see BENCHMARKS.md)
 	$(BIN)/pip install --quiet -r requirements/bench.txt
-	@NEED_POSTGRES=0 scripts/check_services.sh
+	@NEED_POSTGRES=0 NEED_REDIS=url scripts/check_services.sh
 	mariadb -uroot -e 'CREATE DATABASE IF NOT EXISTS `$(MARIADB_BENCH_DATABASE)`'
 	DATABASE_URL=mysql://root@localhost/$(MARIADB_BENCH_DATABASE) $(BIN)/python -m benchmarks --sections overhead $(BENCH_ARGS)
 

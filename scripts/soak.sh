@@ -4,7 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-port=${CHAOS_PG_PORT:-5434}
+# A free port unless CHAOS_PG_PORT fixes it: two soaks on one machine each get their own.
+port=${CHAOS_PG_PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 bin=$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)
 root=$(mktemp -d /tmp/idem-soak-pg.XXXXXX)
 data=$root/data

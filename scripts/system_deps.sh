@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Install the Debian packages the make targets need when they are missing: venv support for the
-# system Python, the Redis and PostgreSQL clients (service checks), Chromium (browser tests),
-# libfaketime (skewed worker clocks), the MariaDB client library and pkg-config (mysqlclient),
-# PgBouncer and Redis Sentinel (make test-topologies).
+# system Python, the Redis server and client and the PostgreSQL client (the tests' own Redis,
+# service checks), Chromium (browser tests), libfaketime (skewed worker clocks), the MariaDB
+# client library and pkg-config (mysqlclient), PgBouncer and Redis Sentinel (make test-topologies).
 # As root it runs apt-get; otherwise it prints the exact command and fails.
 set -euo pipefail
 missing=()
 python3 -c "import ensurepip, venv" 2>/dev/null || missing+=(python3-venv)
 command -v redis-cli >/dev/null || missing+=(redis-tools)
+# The tests start redis-servers of their own (tests/isolation.py, the chaos suite's lock Redis).
+command -v redis-server >/dev/null || missing+=(redis-server)
 command -v pg_isready >/dev/null || missing+=(postgresql-client)
 [ -x /usr/bin/chromium ] || missing+=(chromium)
 compgen -G "/usr/lib/*/faketime/libfaketimeMT.so.1" >/dev/null || missing+=(faketime)

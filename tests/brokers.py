@@ -1,4 +1,7 @@
-"""The test broker: Redis (the default) or RabbitMQ (IDEMPOTENT_TESTS_BROKER_URL=amqp://…/<vhost>)."""
+"""The test broker: Redis (the default) or RabbitMQ (IDEMPOTENT_TESTS_BROKER_URL=amqp://…/<vhost>).
+
+On RabbitMQ the run uses the vhost ``<vhost>-<run id>`` (tests/isolation.py), created and deleted here.
+"""
 
 from __future__ import annotations
 
@@ -29,15 +32,16 @@ def _rabbitmqctl(*args: str) -> str:
     return done.stdout
 
 
-def create_vhost() -> bool:
-    """Create the broker URL's vhost with the URL's user allowed everything; False if it existed."""
+def create_vhost() -> None:
+    """Create the run's vhost (its name carries the run id) with the URL's user allowed everything."""
     name = vhost()
     if name in _rabbitmqctl("list_vhosts", "name").split():
-        return False
+        # Left by an interrupted run of this checkout: its queues, declared classic or quorum,
+        # would fail this run's declarations.
+        _rabbitmqctl("delete_vhost", name)
     _rabbitmqctl("add_vhost", name)
     user = urlsplit(settings.CELERY_BROKER_URL).username or "guest"
     _rabbitmqctl("set_permissions", "-p", name, user, ".*", ".*", ".*")
-    return True
 
 
 def delete_vhost() -> None:

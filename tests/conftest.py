@@ -8,6 +8,7 @@ import pytest
 import redis
 from django.conf import settings
 from django.db import connection
+from django.test import TransactionTestCase
 
 from tests import brokers
 from tests.celery_app import app as celery_app  # noqa: F401  (binds shared tasks to the test app)
@@ -22,6 +23,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def _flush_redis() -> None:
+    # The run's own Redis databases (tests/isolation.py): no other run uses them.
     for url in (settings.LOCK_REDIS_URL, settings.CELERY_RESULT_BACKEND, settings.CONTROL_REDIS_URL):
         redis.Redis.from_url(url).flushdb()
     brokers.empty()
@@ -30,15 +32,19 @@ def _flush_redis() -> None:
 @pytest.fixture(scope="session", autouse=True)
 def broker_vhost() -> Iterator[None]:
     """On RabbitMQ, the run's own vhost: created before the first test, deleted after the last."""
-    created = brokers.is_amqp() and brokers.create_vhost()
+    if not brokers.is_amqp():
+        yield
+        return
+    brokers.create_vhost()
     yield
-    if created:
-        brokers.delete_vhost()
+    brokers.delete_vhost()
 
 
 @pytest.fixture(autouse=True)
-def clean_redis(broker_vhost: None) -> Iterator[None]:
-    _flush_redis()
+def clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
+    if request.node.get_closest_marker("unit") is None:
+        request.getfixturevalue("broker_vhost")
+        _flush_redis()
     yield
 
 
@@ -76,6 +82,25 @@ def running_workers(workers: list[Worker], worker_env: dict[str, str], transacti
         if worker.process is None or worker.process.poll() is not None:
             workers[n] = Worker(worker.name, worker_env).start()
     return workers
+
+
+#: Fixtures that reach the database, Redis or the broker (item.fixturenames holds their closure).
+SERVICE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_setup", "live_server", "lock_redis", "broker"}
+)
+#: Markers of tests that reach a service.
+SERVICE_MARKERS = ("django_db", "workers", "browser", "chaos", "explorer", "services")
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark ``unit`` (``make unit``) every test that needs no database, Redis or broker."""
+    cls = getattr(item, "cls", None)
+    if (
+        SERVICE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+        and not any(item.get_closest_marker(name) for name in SERVICE_MARKERS)
+        and not (cls and issubclass(cls, TransactionTestCase))
+    ):
+        item.add_marker(pytest.mark.unit)
 
 
 @pytest.hookimpl(trylast=True)

@@ -9,8 +9,12 @@ from urllib.parse import SplitResult, urlsplit
 
 import django
 
+from tests import isolation
+
 DATABASE_URL = urlsplit(os.environ.get("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test"))
-REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379").rstrip("/")
+# The run's own Redis server (tests/isolation.py): databases 11 to 14 hold its broker, locks,
+# results and control keys, and are flushed before every test.
+REDIS_URL = isolation.redis_url()
 # Worker subprocesses run against the database pytest-django created; the suite passes its name.
 TEST_DATABASE_NAME = os.environ.get("IDEMPOTENT_TESTS_DATABASE_NAME")
 
@@ -74,13 +78,14 @@ def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
         return {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": name or path,
-            "TEST": {"NAME": name or f"{path}-test"},
+            "TEST": {"NAME": name or f"{path}-test-{isolation.run_id()}"},
             "OPTIONS": SQLITE_OPTIONS,
         }
     if scheme in {"mysql", "mariadb"}:
         return {
             "ENGINE": "django.db.backends.mysql",
             "NAME": name or url.path.lstrip("/") or "test",
+            "TEST": {"NAME": name or isolation.test_database_name(url.path.lstrip("/") or "test")},
             "USER": url.username or "root",
             "PASSWORD": url.password or "",
             # localhost (the default) means the server's Unix socket, where root needs no password.
@@ -93,6 +98,7 @@ def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
     return {
         "ENGINE": "django.db.backends.postgresql",
         "NAME": name or url.path.lstrip("/") or "test",
+        "TEST": {"NAME": name or isolation.test_database_name(url.path.lstrip("/") or "test")},
         "USER": url.username or "postgres",
         "PASSWORD": url.password or "",
         "HOST": url.hostname or "127.0.0.1",
@@ -103,7 +109,7 @@ def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
 DATABASES = {"default": database_from_url(DATABASE_URL, TEST_DATABASE_NAME)}
 # A second database for the router tests (tests/test_routers.py), created only when a test asks
 # for it: a "read replica" that never receives the records, so a read or write routed there shows.
-_TEST_NAME = DATABASES["default"].get("TEST", {}).get("NAME") or f"test_{DATABASES['default']['NAME']}"
+_TEST_NAME = DATABASES["default"]["TEST"]["NAME"]
 DATABASES["replica"] = {**DATABASES["default"], "TEST": {"NAME": f"{_TEST_NAME}_replica"}}
 
 LOCK_REDIS_URL = os.environ.get("IDEMPOTENT_TESTS_LOCK_REDIS_URL", f"{REDIS_URL}/12")
@@ -118,6 +124,8 @@ CACHES = {
 IDEMPOTENT_TASKS_CACHE = "locks"
 
 CELERY_BROKER_URL = os.environ.get("IDEMPOTENT_TESTS_BROKER_URL", f"{REDIS_URL}/11")
+if CELERY_BROKER_URL.startswith(("amqp://", "pyamqp://")):  # the run's own vhost: <vhost>-<run id>
+    CELERY_BROKER_URL = isolation.vhost_url(CELERY_BROKER_URL)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1

@@ -11,6 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from django.conf import settings
 from django.db import connection
 
 from tests.helpers import ROOT, START_TIMEOUT, wait_for
@@ -52,7 +53,8 @@ def test_an_interrupted_run_leaves_no_worker(database_url: str, signum: int) -> 
     run = subprocess.Popen(
         [sys.executable, "-m", "benchmarks", "--quick", "--sections", "e2e"],
         cwd=ROOT,
-        env={**os.environ, "DATABASE_URL": database_url},
+        # The run's own Redis server (tests/isolation.py): the benchmark flushes databases 1 to 4 of it.
+        env={**os.environ, "DATABASE_URL": database_url, "REDIS_URL": settings.REDIS_URL},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         text=True,

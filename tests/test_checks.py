@@ -337,7 +337,8 @@ def test_checks_never_create_a_celery_app() -> None:
 
 
 def _service_env() -> dict[str, str]:
-    return {name: os.environ[name] for name in ("DATABASE_URL", "REDIS_URL") if name in os.environ}
+    names = ("DATABASE_URL", "REDIS_URL", "IDEMPOTENT_TESTS_REDIS_URL", "IDEMPOTENT_TESTS_RUN_ID")
+    return {name: os.environ[name] for name in names if name in os.environ}
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import CommandError, call_command
+from django.core.management import CommandError
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -16,6 +16,7 @@ from django_idempotent_tasks import purging, store
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
 from tests.helpers import wait_for
+from tests.running import run_command as run
 
 pytestmark = pytest.mark.django_db
 
@@ -25,12 +26,6 @@ class TTY(StringIO):
 
     def isatty(self) -> bool:
         return True
-
-
-def run(*args: str, stdout: StringIO | None = None) -> str:
-    out = stdout or StringIO()
-    call_command(*args, stdout=out, stderr=out)
-    return out.getvalue()
 
 
 # purge_idempotency_records

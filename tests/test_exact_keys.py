@@ -16,6 +16,7 @@ from django_idempotent_tasks.checks import check_key_collation
 from django_idempotent_tasks.fields import MARIADB_COLLATION, MYSQL_COLLATION, ExactCharField, exact_collation
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
+from tests.running import run_task
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -27,16 +28,13 @@ TABLE = IdempotencyRecord._meta.db_table
 on_mysql = pytest.mark.skipif(connection.vendor != "mysql", reason="a MySQL/MariaDB collation")
 
 
-def run(value: int, key: str) -> Any:
-    return tasks.charge_order.apply((value,), {"amount": value, "idempotency_key": key}).get()
-
-
 def test_keys_differing_in_case_accents_or_trailing_space_run_apart() -> None:
-    results = [run(n, key) for n, key in enumerate(NEAR_KEYS)]
+    results = [run_task(tasks.charge_order, n, amount=n, key=key) for n, key in enumerate(NEAR_KEYS)]
     assert [result["value"] for result in results] == list(range(len(NEAR_KEYS)))
     assert sorted(IdempotencyRecord.objects.values_list("key", flat=True)) == sorted(NEAR_KEYS)
     # A replay of each key returns its own result, not a neighbour's.
-    assert [run(n, key)["value"] for n, key in enumerate(NEAR_KEYS)] == list(range(len(NEAR_KEYS)))
+    replays = [run_task(tasks.charge_order, n, amount=n, key=key) for n, key in enumerate(NEAR_KEYS)]
+    assert [replay["value"] for replay in replays] == list(range(len(NEAR_KEYS)))
 
 
 def test_lookup_claim_and_purge_tell_near_keys_apart() -> None:

@@ -19,16 +19,11 @@ from django_idempotent_tasks.management import key_state
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
 from tests.helpers import REFUSED, redis_down
+from tests.running import run_command as run
 
 pytestmark = pytest.mark.django_db
 
 LABEL = "key 'order-1' in scope 's'"
-
-
-def run(*args: str) -> str:
-    out = StringIO()
-    call_command(*args, stdout=out)
-    return out.getvalue()
 
 
 @pytest.fixture

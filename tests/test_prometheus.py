@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest, multiprocess
 from django_idempotent_tasks.contrib import prometheus
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import Worker, finished, wait_for
+from tests.running import run_task as run
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,10 +38,6 @@ def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return registry.get_sample_value(f"idempotent_tasks_{name}_total", labels) or 0.0
 
 
-def run(task: Any, *args: Any, key: str) -> Any:
-    return task.apply(args, {"idempotency_key": key})
-
-
 def test_replays_and_conflicts_are_counted(registry: CollectorRegistry) -> None:
     name = tasks.raising_conflict.name
     run(tasks.raising_conflict, 0, key="m-1")
@@ -49,7 +46,7 @@ def test_replays_and_conflicts_are_counted(registry: CollectorRegistry) -> None:
     IdempotencyRecord.objects.filter(key="m-1").update(
         status="IN_PROGRESS", lease_expires_at=timezone.now() + timedelta(minutes=5)
     )
-    run(tasks.raising_conflict, 0, key="m-1")
+    run(tasks.raising_conflict, 0, key="m-1", propagate=False)
     assert value(registry, "replays", task=name) == 2
     assert value(registry, "conflicts", task=name, action="raise") == 1
     assert "idempotent_tasks_replays_total" in generate_latest(registry).decode()
@@ -61,9 +58,9 @@ def test_takeovers_unstorable_results_and_exhausted_keys_are_counted(registry: C
         status="IN_PROGRESS", lease_expires_at=timezone.now() - timedelta(seconds=1)
     )
     run(tasks.record_effect, 1, key="m-2")  # the holder died: this delivery takes over
-    run(tasks.unstorable, "object", key="m-3")
+    run(tasks.unstorable, "object", key="m-3", propagate=False)
     for _ in range(4):  # max_attempts=3: the fourth delivery finds the key failed for good
-        run(tasks.failing, 10, key="m-4")
+        run(tasks.failing, 10, key="m-4", propagate=False)
     assert value(registry, "takeovers", task=tasks.record_effect.name) == 1
     assert value(registry, "unstorable_results", task=tasks.unstorable.name) == 1
     assert value(registry, "attempts_exhausted", task=tasks.failing.name) == 1

@@ -13,6 +13,7 @@ from django_idempotent_tasks import signals
 from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import calls
+from tests.running import run_task as run
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,10 +23,6 @@ KINDS = sorted(tasks.REFUSED)
 def error_of(record: IdempotencyRecord) -> dict[str, str]:
     assert record.error is not None
     return dict(record.error)
-
-
-def run(task: Any, kind: str, key: str) -> Any:
-    return task.apply((kind,), {"idempotency_key": key}, throw=True).get()
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -38,8 +35,8 @@ def test_a_refused_result_marks_the_key_done_and_replays(kind: str) -> None:
     signals.result_unstorable.connect(unstorable)
     try:
         with pytest.raises(UnstorableResult, match="is done and will not run again"):
-            run(tasks.refused_result, kind, f"r-{kind}")  # eager runs say so loudly
-        assert run(tasks.refused_result, kind, f"r-{kind}") is None
+            run(tasks.refused_result, kind, key=f"r-{kind}")  # eager runs say so loudly
+        assert run(tasks.refused_result, kind, key=f"r-{kind}") is None
     finally:
         signals.result_unstorable.disconnect(unstorable)
     record = IdempotencyRecord.objects.get(key=f"r-{kind}")
@@ -51,9 +48,9 @@ def test_a_refused_result_marks_the_key_done_and_replays(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_refused_step_value_fails_the_key_for_good(kind: str) -> None:
     with pytest.raises(ValueError, match="Step 'refused' cannot be checkpointed"):
-        run(tasks.refused_step, kind, f"s-{kind}")
+        run(tasks.refused_step, kind, key=f"s-{kind}")
     with pytest.raises(AttemptsExhausted, match="Step 'refused' cannot be checkpointed"):
-        run(tasks.refused_step, kind, f"s-{kind}")
+        run(tasks.refused_step, kind, key=f"s-{kind}")
     record = IdempotencyRecord.objects.get(key=f"s-{kind}")
     assert (record.status, record.steps) == ("FAILED", {})
     assert calls(f"s-{kind}") == 1
@@ -62,7 +59,7 @@ def test_a_refused_step_value_fails_the_key_for_good(kind: str) -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_refused_error_message_is_stored_escaped(kind: str) -> None:
     with pytest.raises(RuntimeError, match="bad record"):
-        run(tasks.refused_error, kind, f"e-{kind}")
+        run(tasks.refused_error, kind, key=f"e-{kind}")
     record = IdempotencyRecord.objects.get(key=f"e-{kind}")
     assert record.status == "FAILED"
     assert error_of(record)["type"] == "RuntimeError"

@@ -13,14 +13,11 @@ from django.db.models import F
 from django_idempotent_tasks import keys, signals
 from django_idempotent_tasks.exceptions import AttemptsExhausted, LeaseLost, TaskInProgress, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests.running import run_task as run
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db
-
-
-def run(task: Any, *args: Any, key: str) -> Any:
-    return task.apply(args, {"idempotency_key": key}).get()
 
 
 @pytest.fixture

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import json
-from io import StringIO
 from typing import Any
 
 import pytest
-from django.core.management import call_command
 
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.locks import RedisLock, lock_client
 from tests import records
+from tests.running import run_command
 
 pytestmark = pytest.mark.django_db
 LOCK_SECONDS = 600
-
-
-def run(*args: str) -> str:
-    out = StringIO()
-    call_command("idempotency_status", *args, "--json", stdout=out)
-    return out.getvalue()
 
 
 def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
@@ -29,7 +22,7 @@ def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
     records.stuck("d", task_name="t2")
     # by task and status, stuck, expired from the expires_at index, the live leases among them
     with django_assert_num_queries(4):
-        output = run()
+        output = run_command("idempotency_status", "--json")
     assert output == (
         "{\n"
         '  "records": 3,\n'
@@ -46,7 +39,7 @@ def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
 
 
 def test_no_records_as_json() -> None:
-    assert json.loads(run()) == {
+    assert json.loads(run_command("idempotency_status", "--json")) == {
         "records": 0,
         "by_status": {"IN_PROGRESS": 0, "SUCCEEDED": 0, "FAILED": 0},
         "by_task": {},
@@ -71,7 +64,7 @@ def test_one_key_as_json_with_its_lock() -> None:
             steps={"email": None, "charge": "ch_1"},
             error={"type": "RuntimeError", "message": "boom", "traceback": "..."},
         )
-        data = json.loads(run("order-1"))
+        data = json.loads(run_command("idempotency_status", "--json", "order-1"))
     finally:
         lock.release()
     assert data["lock"]["ttl_ms"] in range((LOCK_SECONDS - 5) * 1000, LOCK_SECONDS * 1000 + 1)
@@ -100,8 +93,13 @@ def test_one_key_as_json_with_its_lock() -> None:
 
 
 def test_a_missing_key_as_json() -> None:
-    assert json.loads(run("nope")) == {"scope": None, "key": "nope", "record": None, "lock": None}
-    assert json.loads(run("nope", "--scope", "s")) == {
+    assert json.loads(run_command("idempotency_status", "--json", "nope")) == {
+        "scope": None,
+        "key": "nope",
+        "record": None,
+        "lock": None,
+    }
+    assert json.loads(run_command("idempotency_status", "--json", "nope", "--scope", "s")) == {
         "scope": "s",
         "key": "nope",
         "record": None,

@@ -15,15 +15,12 @@ from django_idempotent_tasks import store, values
 from django_idempotent_tasks.exceptions import LeaseLost
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
 from tests.helpers import calls
+from tests.running import run_task as run
 from tests.testapp import tasks
 from tests.testapp.faults import control
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run(task: Any, *args: Any, key: str) -> Any:
-    return task.apply(args, {"idempotency_key": key}, throw=True).get()
 
 
 @pytest.mark.parametrize("task", [tasks.atomic_step, tasks.step_in_own_transaction])

@@ -21,6 +21,7 @@ from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool
 from tests.chaosapp import control
 from tests.chaosapp.tasks import task_for
 from tests.helpers import wait_for
+from tests.isolation import free_port
 
 # The schedule waits while more messages than this are queued.
 BACKLOG = 150
@@ -169,7 +170,8 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
 
 
 def lock_port() -> int:
-    return int(os.environ.get("CHAOS_LOCK_REDIS_PORT", "6406"))
+    """CHAOS_LOCK_REDIS_PORT, else a free port: two runs on one machine each get their own."""
+    return int(os.environ.get("CHAOS_LOCK_REDIS_PORT") or free_port())
 
 
 def run_and_check(
