@@ -376,3 +376,12 @@ def returns(self: Any, kind: str) -> Any:
     effect(self, kind)
     receipt = Receipt(7)
     return {"dataclass": receipt, "set": {1, 2}, "fixed": dataclasses.asdict(receipt)}[kind]
+
+
+# tests/test_guarantee.py: the holes of issue 25.
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def tuple_default(self: Any, value: int, sizes: tuple[Any, ...] = (1, (2, 3))) -> dict[str, Any]:
+    """A tuple default: passed explicitly, it arrives from the broker as a list."""
+    return effect(self, value)

@@ -1,0 +1,49 @@
+"""The holes of issue 25, each closed: a regression test per hole, on the database DATABASE_URL names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from django_idempotent_tasks import keys
+from django_idempotent_tasks.models import IdempotencyRecord
+from tests.testapp import tasks
+from tests.testapp.models import Effect
+
+
+def mariadb() -> bool:
+    return connection.vendor == "mysql" and bool(connection.mysql_is_mariadb)
+
+
+#: Deeper than Python's JSON encoder goes (hole 3) and than MariaDB's JSON column allows (hole 7).
+TOO_DEEP_FOR_PYTHON = 3000
+TOO_DEEP_FOR_MARIADB = 40
+
+
+def run(task: Any, argument: Any, key: str) -> Any:
+    return task.apply((argument,), {"idempotency_key": key}, throw=True).get()
+
+
+def error_of(record: IdempotencyRecord) -> dict[str, str]:
+    assert record.error is not None
+    return dict(record.error)
+
+
+def test_8_a_tuple_default_that_arrives_as_a_list_is_the_default() -> None:
+    def run_(order_id: int, sizes: tuple[Any, ...] = (1, (2, 3)), flags: tuple[Any, ...] = ()) -> None:
+        """A body with tuple defaults."""
+
+    assert keys.passed_arguments(run_, (7,), {"sizes": [1, [2, 3]], "flags": []}) == {"order_id": 7}
+    assert keys.passed_arguments(run_, (7,), {"sizes": [1, [2, 4]]}) == {"order_id": 7, "sizes": [1, [2, 4]]}
+    assert keys.passed_arguments(run_, (7,), {"flags": {}}) == {"order_id": 7, "flags": {}}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_8_a_tuple_default_passed_explicitly_replays() -> None:
+    first = tasks.tuple_default.apply((1,), {"idempotency_key": "tuple"}, throw=True).get()
+    # What the broker delivers for (1, (2, 3)) passed explicitly: JSON has no tuple.
+    again = tasks.tuple_default.apply((1, [1, [2, 3]]), {"idempotency_key": "tuple"}, throw=True).get()
+    assert again == first
+    assert Effect.objects.filter(key="tuple").count() == 1
