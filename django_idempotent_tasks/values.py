@@ -46,6 +46,10 @@ def encode_result(value: Any, max_bytes: int) -> tuple[Any, str | None]:
         )
     except (TypeError, ValueError) as exc:
         return None, f"The result is not JSON serializable: {exc}"
+    except RecursionError:
+        return None, "The result is nested too deeply for the JSON encoder (RecursionError)."
+    except Exception as exc:  # an encoder hook (a __str__, a default()) that failed: still unstorable
+        return None, f"The result could not be encoded as JSON: {exc!r}"
     if _JSON_NUL.search(text):
         return None, "The result contains a NUL character (\\u0000), which PostgreSQL's jsonb refuses."
     if len(text.encode()) > max_bytes:
@@ -53,7 +57,10 @@ def encode_result(value: Any, max_bytes: int) -> tuple[Any, str | None]:
             f"The result is {len(text.encode())} bytes of JSON, over "
             f"IDEMPOTENT_TASKS_MAX_RESULT_BYTES ({max_bytes})."
         )
-    stored = json.loads(text)
+    try:
+        stored = json.loads(text)
+    except RecursionError:
+        return None, "The result is nested too deeply for the JSON decoder (RecursionError)."
     try:
         json.dumps(stored, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:

@@ -8,7 +8,9 @@ import pytest
 from django.db import connection
 
 from django_idempotent_tasks import keys
+from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests.helpers import calls
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
@@ -29,6 +31,29 @@ def run(task: Any, argument: Any, key: str) -> Any:
 def error_of(record: IdempotencyRecord) -> dict[str, str]:
     assert record.error is not None
     return dict(record.error)
+
+
+@pytest.mark.django_db(transaction=True)
+class TestValues:
+    def test_3_a_result_too_deep_to_encode_is_unstorable_and_replays(self) -> None:
+        with pytest.raises(UnstorableResult, match="nested too deeply"):
+            run(tasks.deep_result, TOO_DEEP_FOR_PYTHON, "deep-result")
+        assert run(tasks.deep_result, TOO_DEEP_FOR_PYTHON, "deep-result") is None
+        record = IdempotencyRecord.objects.get(key="deep-result")
+        assert (record.status, record.result, error_of(record)["type"]) == (
+            "SUCCEEDED",
+            None,
+            "UnstorableResult",
+        )
+        assert calls("deep-result") == 1
+
+    def test_3_a_step_value_too_deep_to_encode_fails_the_key_for_good(self) -> None:
+        with pytest.raises(ValueError, match="Step 'deep' cannot be checkpointed"):
+            run(tasks.deep_step, TOO_DEEP_FOR_PYTHON, "deep-step")
+        with pytest.raises(AttemptsExhausted):
+            run(tasks.deep_step, TOO_DEEP_FOR_PYTHON, "deep-step")
+        assert IdempotencyRecord.objects.get(key="deep-step").status == "FAILED"
+        assert calls("deep-step") == 1
 
 
 def test_8_a_tuple_default_that_arrives_as_a_list_is_the_default() -> None:

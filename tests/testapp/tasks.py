@@ -381,6 +381,32 @@ def returns(self: Any, kind: str) -> Any:
 # tests/test_guarantee.py: the holes of issue 25.
 
 
+def nested(depth: int) -> Any:
+    """A list nested ``depth`` levels deep."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def deep_result(self: Any, depth: int) -> Any:
+    """Returns a list nested ``depth`` levels."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return nested(depth)
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def deep_step(self: Any, depth: int) -> Any:
+    """A step returns a list nested ``depth`` levels."""
+
+    def step() -> Any:
+        control().incr(f"calls:{self.idempotency.key}")
+        return nested(depth)
+
+    return self.idempotency.step("deep", step)
+
+
 @shared_task(base=IdempotentTask, bind=True)
 def tuple_default(self: Any, value: int, sizes: tuple[Any, ...] = (1, (2, 3))) -> dict[str, Any]:
     """A tuple default: passed explicitly, it arrives from the broker as a list."""
