@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 
 from django_idempotent_tasks import keys, store, values
 from django_idempotent_tasks.exceptions import LeaseLost
@@ -88,11 +88,19 @@ class Idempotency:
     def save_step(self, name: str, value: Any) -> Any:
         """Checkpoint one step's result with a fenced write; returns the stored JSON form."""
         self.ensure_lease(f"The checkpoint of step {name!r}")
-        stored, problem = values.encode_result(value, self.max_result_bytes)
+        # The steps column holds {name: value}: the value nests one level below the column's limit.
+        depth = store.json_depth_limit(inside=1)
+        stored, problem = values.encode_result(value, self.max_result_bytes, depth)
         if problem is not None:
             raise UnstorableValue(f"Step {name!r} cannot be checkpointed. {problem}")
         steps = {**self.steps, name: stored}
-        if not store.checkpoint(self.claim, steps):
+        try:
+            checkpointed = store.checkpoint(self.claim, steps)
+        except (DataError, IntegrityError) as exc:  # refused for a reason not foreseen: never re-run it
+            raise UnstorableValue(
+                f"Step {name!r} cannot be checkpointed. The database refused it: {exc!r}"
+            ) from exc
+        if not checkpointed:
             raise LeaseLost(f"Step {name!r} was not checkpointed: another delivery took over the key.")
         self.steps = steps
         return stored

@@ -83,6 +83,17 @@ def connection_works(since: Any) -> bool:
     return bool(connection.is_usable())  # MySQL: a ping, harmless inside a transaction
 
 
+def json_depth_limit(inside: int = 0) -> int | None:
+    """The deepest nesting a value may have ``inside`` levels down a JSON column, or None: no limit.
+
+    MariaDB refuses JSON nested 32 levels or deeper (error 4025), MySQL 101 or deeper.
+    """
+    connection = connections[database()]
+    if connection.vendor != "mysql":
+        return None
+    return (31 if connection.mysql_is_mariadb else 100) - inside
+
+
 def lookup(scope: str, key: str) -> Row | None:
     """The record of a scoped key (one indexed SELECT), or None."""
     # Every replay is this one query: a plain cursor and the fields' own converters, no queryset.

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
-from django_idempotent_tasks import keys
+from django_idempotent_tasks import keys, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import calls
@@ -55,6 +55,30 @@ class TestValues:
         assert IdempotencyRecord.objects.get(key="deep-step").status == "FAILED"
         assert calls("deep-step") == 1
 
+    def test_7_a_result_deeper_than_the_json_column_allows_never_reruns(self) -> None:
+        for _ in range(2):
+            try:
+                run(tasks.deep_result, TOO_DEEP_FOR_MARIADB, "column-result")
+            except UnstorableResult:
+                assert mariadb()
+        record = IdempotencyRecord.objects.get(key="column-result")
+        assert record.status == "SUCCEEDED"
+        assert calls("column-result") == 1
+        if mariadb():
+            assert (record.result, error_of(record)["type"]) == (None, "UnstorableResult")
+
+    def test_7_a_step_value_deeper_than_the_json_column_allows_never_reruns(self) -> None:
+        for _ in range(2):
+            try:
+                run(tasks.deep_step, TOO_DEEP_FOR_MARIADB, "column-step")
+            except (ValueError, AttemptsExhausted):
+                assert mariadb()
+        record = IdempotencyRecord.objects.get(key="column-step")
+        assert record.status == ("FAILED" if mariadb() else "SUCCEEDED")
+        assert calls("column-step") == 1
+        if mariadb():
+            assert "nested" in error_of(record)["message"]
+
 
 def test_8_a_tuple_default_that_arrives_as_a_list_is_the_default() -> None:
     def run_(order_id: int, sizes: tuple[Any, ...] = (1, (2, 3)), flags: tuple[Any, ...] = ()) -> None:
@@ -72,3 +96,8 @@ def test_8_a_tuple_default_passed_explicitly_replays() -> None:
     again = tasks.tuple_default.apply((1, [1, [2, 3]]), {"idempotency_key": "tuple"}, throw=True).get()
     assert again == first
     assert Effect.objects.filter(key="tuple").count() == 1
+
+
+def test_7_json_depth_skips_brackets_inside_strings() -> None:
+    assert values.json_depth('{"a": ["[[{\\"", {"b": []}]}') == 4
+    assert values.json_depth('"[[["') == 0
