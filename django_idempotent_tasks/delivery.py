@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db.transaction import TransactionManagementError
 from redis.exceptions import RedisError
 
 from django_idempotent_tasks import keys, logs, signals, store, values
@@ -228,8 +229,15 @@ def run_claimed(
 def call_body(body: Body, idempotency: Idempotency) -> Any:
     """Run the body, remembering what it raised: its database errors are its own, not a lost connection."""
     connection = store.raw_connection()
+    autocommit = not store.in_transaction()
     try:
-        return body(idempotency)
+        value = body(idempotency)
+        # Issue #25, holes 4 and 5: a body that broke its transaction or left autocommit off fails
+        # here, as its own error, rather than have its completion refused or never committed.
+        problem = store.unusable_transaction(autocommit)
+        if problem is not None:
+            raise TransactionManagementError(problem)
+        return value
     except (OperationalError, InterfaceError) as exc:
         # A deadlock or a timeout on a working connection is the body's; a dead connection is not:
         # the delivery is sent again and the next holder takes the key over, recovered.

@@ -113,6 +113,33 @@ def in_transaction() -> bool:
     return not transaction.get_autocommit(database())
 
 
+def unusable_transaction(autocommit_before: bool) -> str | None:
+    """Why the body left the records' connection unable to take its completion, or None.
+
+    An atomic body whose transaction a caught database error broke can commit nothing. A body that
+    turned autocommit off and returned would have its completion written into a transaction that
+    nobody commits (Celery's Django fix-up closes the connection: a rollback); that transaction is
+    rolled back here and autocommit turned back on, so the failure can be recorded.
+    """
+    connection = connections[database()]
+    if connection.in_atomic_block:
+        if not connection.needs_rollback:
+            return None
+        return (
+            "The body's transaction was broken by a database error it caught and went on from "
+            "(wrap the statement that may fail in its own transaction.atomic()): its writes were "
+            "rolled back and its result was not stored."
+        )
+    if autocommit_before and not connection.get_autocommit():
+        connection.rollback()
+        connection.set_autocommit(True)
+        return (
+            "The body turned autocommit off (transaction.set_autocommit(False)) and returned without "
+            "turning it back on: its uncommitted writes were rolled back and its result was not stored."
+        )
+    return None
+
+
 def _savepoint() -> AbstractContextManager[Any]:
     # Inside a caller's transaction an IntegrityError would poison it: isolate the INSERT.
     # In autocommit mode the INSERT is its own transaction and a savepoint costs two round trips.

@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
+from django.db.transaction import TransactionManagementError
 
-from django_idempotent_tasks import keys, values
+from django_idempotent_tasks import keys, signals, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import calls
@@ -22,6 +23,10 @@ def mariadb() -> bool:
 #: Deeper than Python's JSON encoder goes (hole 3) and than MariaDB's JSON column allows (hole 7).
 TOO_DEEP_FOR_PYTHON = 3000
 TOO_DEEP_FOR_MARIADB = 40
+
+
+def run_(task: Any, key: str) -> Any:
+    return task.apply((), {"idempotency_key": key}, throw=True).get()
 
 
 def run(task: Any, argument: Any, key: str) -> Any:
@@ -96,6 +101,40 @@ def test_8_a_tuple_default_passed_explicitly_replays() -> None:
     again = tasks.tuple_default.apply((1, [1, [2, 3]]), {"idempotency_key": "tuple"}, throw=True).get()
     assert again == first
     assert Effect.objects.filter(key="tuple").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+class TestBrokenTransactions:
+    def test_4_an_atomic_body_that_broke_its_transaction_ends_failed(self) -> None:
+        unstorable: list[str] = []
+
+        def receiver(sender: Any, reason: str, **kwargs: Any) -> None:
+            unstorable.append(reason)
+
+        signals.result_unstorable.connect(receiver)
+        try:
+            with pytest.raises(TransactionManagementError, match="broken by a database error"):
+                run_(tasks.breaks_its_transaction, "broken")
+        finally:
+            signals.result_unstorable.disconnect(receiver)
+        record = IdempotencyRecord.objects.get(key="broken")
+        assert (record.status, error_of(record)["type"]) == ("FAILED", "TransactionManagementError")
+        assert unstorable == []
+        assert not Effect.objects.filter(key="broken").exists()  # rolled back with the transaction
+
+    def test_5_a_body_that_left_autocommit_off_never_completes_into_it(self) -> None:
+        try:
+            with pytest.raises(TransactionManagementError, match="autocommit"):
+                run_(tasks.leaves_autocommit_off, "autocommit")
+        finally:
+            # What Celery's Django fix-up does after a task: close the connection (a rollback).
+            if not transaction.get_autocommit():
+                transaction.rollback()
+                transaction.set_autocommit(True)
+        record = IdempotencyRecord.objects.get(key="autocommit")
+        assert (record.status, error_of(record)["type"]) == ("FAILED", "TransactionManagementError")
+        assert "autocommit" in error_of(record)["message"]
+        assert not Effect.objects.filter(key="autocommit").exists()
 
 
 def test_7_json_depth_skips_brackets_inside_strings() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -13,7 +14,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
 from celery.signals import before_task_publish, task_failure, task_postrun, task_retry
-from django.db import OperationalError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.dispatch import receiver
 
 from django_idempotent_tasks import signals
@@ -411,3 +412,20 @@ def deep_step(self: Any, depth: int) -> Any:
 def tuple_default(self: Any, value: int, sizes: tuple[Any, ...] = (1, (2, 3))) -> dict[str, Any]:
     """A tuple default: passed explicitly, it arrives from the broker as a list."""
     return effect(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True, atomic=True)
+def breaks_its_transaction(self: Any) -> dict[str, Any]:
+    """An atomic body that catches an IntegrityError and goes on: its transaction is broken."""
+    result = effect(self, "broken")
+    record = IdempotencyRecord.objects.get(key=self.idempotency.key)
+    with contextlib.suppress(IntegrityError):
+        IdempotencyRecord.objects.create(scope=record.scope, key=record.key, task_name="duplicate")
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def leaves_autocommit_off(self: Any) -> dict[str, Any]:
+    """A non-atomic body that turns autocommit off and returns without committing."""
+    transaction.set_autocommit(False)
+    return effect(self, "uncommitted")
