@@ -109,6 +109,13 @@ def held_write(delivery: Delivery, heartbeat: Heartbeat, write: Callable[[], boo
         try:
             return write()
         except (OperationalError, InterfaceError) as exc:
+            # Issue #25, hole 6: SQLite's write lock held by another writer, not a lost connection.
+            # Waiting is safe past the lease too: the write is fenced, a take-over makes it match nothing.
+            if store.is_busy(exc) and time.monotonic() < heartbeat.lease_until + delivery.lock_ttl:
+                logger.warning("%s: the database is locked by another writer; writing again.", delivery.label)
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
             # In an atomic body the transaction died with its connection: nothing is left to complete.
             if delivery.atomic or connection.in_atomic_block or connection.is_usable():
                 raise

@@ -94,6 +94,11 @@ def json_depth_limit(inside: int = 0) -> int | None:
     return (31 if connection.mysql_is_mariadb else 100) - inside
 
 
+def is_busy(exc: BaseException) -> bool:
+    """``exc`` is SQLite's "database is locked": another writer holds the lock; the connection works."""
+    return connections[database()].vendor == "sqlite" and "locked" in str(exc)
+
+
 def lookup(scope: str, key: str) -> Row | None:
     """The record of a scoped key (one indexed SELECT), or None."""
     # Every replay is this one query: a plain cursor and the fields' own converters, no queryset.

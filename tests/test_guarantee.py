@@ -23,6 +23,8 @@ def mariadb() -> bool:
 #: Deeper than Python's JSON encoder goes (hole 3) and than MariaDB's JSON column allows (hole 7).
 TOO_DEEP_FOR_PYTHON = 3000
 TOO_DEEP_FOR_MARIADB = 40
+#: Seconds SQLite waits for its write lock before "database is locked", in the SQLite test.
+BUSY_TIMEOUT = 0.3
 
 
 def run_(task: Any, key: str) -> Any:
@@ -135,6 +137,20 @@ class TestBrokenTransactions:
         assert (record.status, error_of(record)["type"]) == ("FAILED", "TransactionManagementError")
         assert "autocommit" in error_of(record)["message"]
         assert not Effect.objects.filter(key="autocommit").exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's one write lock")
+def test_6_sqlite_busy_at_the_completion_waits_and_completes() -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT * 1000)}")
+    try:
+        result = run(tasks.meets_a_busy_sqlite, BUSY_TIMEOUT * 5, "busy")
+    finally:
+        connection.close()  # its next user gets the settings' timeout back
+    record = IdempotencyRecord.objects.get(key="busy")
+    assert (record.status, record.fence, record.result) == ("SUCCEEDED", 1, result)
+    assert Effect.objects.filter(key="busy").count() == 1
 
 
 def test_7_json_depth_skips_brackets_inside_strings() -> None:

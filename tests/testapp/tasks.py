@@ -429,3 +429,27 @@ def leaves_autocommit_off(self: Any) -> dict[str, Any]:
     """A non-atomic body that turns autocommit off and returns without committing."""
     transaction.set_autocommit(False)
     return effect(self, "uncommitted")
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def meets_a_busy_sqlite(self: Any, hold: float) -> dict[str, Any]:
+    """On SQLite: another writer takes the write lock as the body ends and keeps it ``hold`` seconds."""
+    import sqlite3
+    import threading
+
+    from django.db import connection
+
+    result = effect(self, "busy")
+    taken = threading.Event()
+
+    def writer() -> None:
+        other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        taken.set()
+        time.sleep(hold)
+        other.execute("COMMIT")
+        other.close()
+
+    threading.Thread(target=writer, daemon=True).start()
+    taken.wait()
+    return result
