@@ -56,7 +56,8 @@ def insert_sql(alias: str, values: tuple[str, ...], clocked: tuple[str, ...]) ->
 
 @functools.cache
 def update_held_sql(alias: str, names: tuple[str, ...], later: tuple[str, ...]) -> str:
-    """``UPDATE … SET names = %s, later = clock + %s WHERE pk = %s AND fence = %s AND status = %s``."""
+    """``UPDATE … SET names = %s, later = clock + %s WHERE scope = %s AND key = %s AND fence = %s AND
+    claim_token = %s AND status = %s``: the row named by its key and the claim's token, never by primary key and fence."""
     quote = connections[alias].ops.quote_name
     clock = later_sql(connections[alias].vendor)
     assignments = ", ".join(
@@ -65,7 +66,9 @@ def update_held_sql(alias: str, names: tuple[str, ...], later: tuple[str, ...]) 
             *(f"{quote(column(name))} = {clock}" for name in later),
         ]
     )
-    where = " AND ".join(f"{quote(column(name))} = %s" for name in ("pk", "fence", "status"))
+    where = " AND ".join(
+        f"{quote(column(name))} = %s" for name in ("scope", "key", "fence", "claim_token", "status")
+    )
     return f"UPDATE {_table(alias)} SET {assignments} WHERE {where}"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import secrets
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,7 @@ class Row:
     fence: int
     task_id: str
     worker: str
+    claim_token: str
     # No timestamps: nothing on the delivery path decides by them (leases are judged in SQL, on the
     # database clock), and decoding them was a tenth of a replay's CPU. The admin reads the model.
 
@@ -47,12 +49,16 @@ Snapshot = Row | IdempotencyRecord
 
 @dataclass(frozen=True)
 class Claim:
-    """The lease a delivery holds on a record: only writes carrying its fence succeed."""
+    """The lease a delivery holds on a record: only writes naming its token succeed."""
 
     record: Snapshot
     fence: int
     attempt: int
     recovered: bool
+    #: Random, new on every claim. Writes name the row by scope, key and token, never by primary
+    #: key and fence: a failover that lost a claim can hand both out again (issue #25).
+    token: str = ""
+    lease_seconds: int = 0
 
 
 def database() -> str:
@@ -173,8 +179,22 @@ def insert(
     """Create the record IN_PROGRESS with fence 1; None if another delivery created it first."""
     alias = database()
     connection = connections[alias]
+    token = new_token()
     row = Row(
-        0, scope, key, task_name, Status.IN_PROGRESS, fingerprint, None, None, {}, 1, 1, task_id, worker
+        0,
+        scope,
+        key,
+        task_name,
+        Status.IN_PROGRESS,
+        fingerprint,
+        None,
+        None,
+        {},
+        1,
+        1,
+        task_id,
+        worker,
+        token,
     )
     sql, returning = statements.insert_sql(alias, (*_INSERTED, *_STAMPED), _CLOCKED)
     now = statements.prepare(connection, "created_at", timezone.now())
@@ -186,7 +206,7 @@ def insert(
             row.pk = cursor.fetchone()[0] if returning else connection.ops.last_insert_id(cursor, table, pk)
     except IntegrityError:
         return None
-    return Claim(record=row, fence=1, attempt=1, recovered=False)
+    return Claim(record=row, fence=1, attempt=1, recovered=False, token=token, lease_seconds=lease_seconds)
 
 
 # What insert() writes: the Row's columns, then the timestamps (now), then the lease and the
@@ -200,10 +220,11 @@ def take_over(
     record: Snapshot, *, task_id: str, worker: str, lease_seconds: int, record_ttl: int
 ) -> Claim | None:
     """Claim a FAILED record or one whose lease expired on the database clock; None if it is not."""
-    fence, attempt = record.fence + 1, record.attempts + 1
+    fence, attempt, token = record.fence + 1, record.attempts + 1, new_token()
     changes: dict[str, Any] = {
         "status": Status.IN_PROGRESS,
         "fence": fence,
+        "claim_token": token,
         "attempts": attempt,
         "task_id": task_id,
         "worker": worker,
@@ -212,7 +233,7 @@ def take_over(
         "lease_expires_at": DatabaseNow(lease_seconds),
         "expires_at": DatabaseNow(record_ttl),
     }
-    if not records().claimable().filter(pk=record.pk, fence=record.fence).update(**changes):
+    if not _named(record).claimable().update(**changes):
         return None
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
@@ -220,21 +241,41 @@ def take_over(
             setattr(record, name, value)
     _forget(record, *_CLOCKED)
     # The steps are read again under the claim: the copy read before the lock may be stale.
-    record.steps = _steps(record.pk)
-    return Claim(record=record, fence=fence, attempt=attempt, recovered=recovered)
+    record.steps = _steps(record.scope, record.key)
+    return Claim(
+        record=record,
+        fence=fence,
+        attempt=attempt,
+        recovered=recovered,
+        token=token,
+        lease_seconds=lease_seconds,
+    )
 
 
-def _steps(pk: int) -> dict[str, Any]:
+def new_token() -> str:
+    """A random claim token."""
+    return secrets.token_hex(16)
+
+
+def _named(record: Snapshot) -> Any:
+    """The record as it was read: by scope and key, at the fence and token read (a compare-and-set)."""
+    return records().filter(
+        scope=record.scope, key=record.key, fence=record.fence, claim_token=record.claim_token
+    )
+
+
+def _steps(scope: str, key: str) -> dict[str, Any]:
     alias = database()
     connection = connections[alias]
     with connection.cursor() as cursor:
-        cursor.execute(statements.select_sql(alias, ("steps",), "pk"), [pk])
+        cursor.execute(statements.select_sql(alias, ("steps",), "scope", "key"), [scope, key])
         found = cursor.fetchone()
     return {} if found is None else dict(statements.decode(connection, ("steps",), found)[0] or {})
 
 
 def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: Any) -> bool:
-    """``UPDATE … WHERE pk AND fence = mine AND status = IN_PROGRESS``; False if the fence moved on.
+    """``UPDATE … WHERE scope, key, fence and claim_token = mine AND status = IN_PROGRESS``; False if
+    the key was claimed again since (or is no longer IN_PROGRESS).
 
     ``later`` sets columns to the database clock plus so many seconds.
 
@@ -248,7 +289,15 @@ def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: An
     with connection.cursor() as cursor:
         cursor.execute(
             statements.update_held_sql(alias, tuple(values), tuple(later)),
-            [*params, *later.values(), claim.record.pk, claim.fence, Status.IN_PROGRESS],
+            [
+                *params,
+                *later.values(),
+                claim.record.scope,
+                claim.record.key,
+                claim.fence,
+                claim.token,
+                Status.IN_PROGRESS,
+            ],
         )
         return bool(cursor.rowcount == 1)
 
@@ -291,7 +340,13 @@ def _mark_failed(held: Any, error: dict[str, str], *, at_least_attempts: int | N
 
 
 def _held(claim: Claim) -> Any:
-    return records().filter(pk=claim.record.pk, fence=claim.fence, status=Status.IN_PROGRESS)
+    return records().filter(
+        scope=claim.record.scope,
+        key=claim.record.key,
+        fence=claim.fence,
+        claim_token=claim.token,
+        status=Status.IN_PROGRESS,
+    )
 
 
 def fail(claim: Claim, error: dict[str, str], *, for_good_after: int | None = None) -> bool:
@@ -306,7 +361,7 @@ def exhaust(record: Snapshot, max_attempts: int) -> bool:
     if last.get("type") and last.get("type") != "AttemptsExhausted":
         message += f" Last error: {last['type']}: {last.get('message', '')}"
     error = error_shape("AttemptsExhausted", message)
-    if not _mark_failed(records().claimable().filter(pk=record.pk, fence=record.fence), error):
+    if not _mark_failed(_named(record).claimable(), error):
         return bool(
             record.status == Status.FAILED and (record.error or {}).get("type") == "AttemptsExhausted"
         )
@@ -321,7 +376,7 @@ def is_exhausted(record: Snapshot, max_attempts: int) -> bool:
 
 def release_lease(record: IdempotencyRecord, by: str, *, force: bool = False) -> bool:
     """Mark an IN_PROGRESS record FAILED so the next delivery reruns it; live leases need force."""
-    held = records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS)
+    held = _named(record).filter(status=Status.IN_PROGRESS)
     if not force:
         held = held.not_live()
     return _mark_failed(
@@ -336,5 +391,5 @@ def fail_task(scope: str, key: str, task_id: str, error: dict[str, str], worker:
     record = (held if worker is None else held.filter(worker=worker)).first()
     if record is None:
         return False
-    # By fence: if another delivery took the key over since, this write matches nothing.
-    return _mark_failed(records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS), error)
+    # By claim token: if another delivery took the key over since, this write matches nothing.
+    return _mark_failed(_named(record).filter(status=Status.IN_PROGRESS), error)

@@ -8,7 +8,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.transaction import TransactionManagementError
 
-from django_idempotent_tasks import keys, signals, values
+from django_idempotent_tasks import keys, signals, store, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import calls
@@ -156,3 +156,39 @@ def test_6_sqlite_busy_at_the_completion_waits_and_completes() -> None:
 def test_7_json_depth_skips_brackets_inside_strings() -> None:
     assert values.json_depth('{"a": ["[[{\\"", {"b": []}]}') == 4
     assert values.json_depth('"[[["') == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_holders_writes_name_its_claim_token_not_a_fence_a_failover_can_repeat() -> None:
+    claim = store.insert(
+        "s",
+        "token",
+        task_name="t",
+        fingerprint="f",
+        task_id="a",
+        worker="w:1",
+        lease_seconds=60,
+        record_ttl=60,
+    )
+    assert claim is not None and claim.token
+    # A failover lost that claim, and a new claim on the promoted server got the same fence (and the
+    # same primary key): only the token tells them apart.
+    IdempotencyRecord.objects.filter(key="token").update(claim_token=store.new_token(), task_id="b")
+    assert not store.renew(claim, 60)
+    assert not store.checkpoint(claim, {"a": 1})
+    assert not store.complete(claim, {"done": True}, None, 60)
+    assert not store.fail(claim, values.error_shape("RuntimeError", "late"))
+    record = IdempotencyRecord.objects.get(key="token")
+    assert (record.status, record.fence, record.steps, record.task_id) == ("IN_PROGRESS", 1, {}, "b")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_every_claim_draws_a_new_token() -> None:
+    run(tasks.deep_result, 1, "tokens")
+    first = IdempotencyRecord.objects.get(key="tokens")
+    IdempotencyRecord.objects.filter(key="tokens").update(status="FAILED")
+    run(tasks.deep_result, 1, "tokens")
+    second = IdempotencyRecord.objects.get(key="tokens")
+    assert len(first.claim_token) == len(second.claim_token) == 32
+    assert (second.fence, second.status) == (2, "SUCCEEDED")
+    assert second.claim_token != first.claim_token
