@@ -59,6 +59,16 @@ class Idempotency:
         if self._lost.is_set():
             raise LeaseLost(f"{what} was not run: another delivery took over the key.")
 
+    def verify_lease(self, what: str) -> None:
+        """Renew the lease on the database (a fenced write) before ``what`` runs; LeaseLost if it is gone.
+
+        The heartbeat's flag alone is not enough: a holder paused past its lease and taken over runs
+        on before its heartbeat, resumed at the same moment, has heard of it (issue #25, hole 1).
+        """
+        if self.claim.lease_seconds and not store.renew(self.claim, self.claim.lease_seconds):
+            self._lost.set()
+            raise LeaseLost(f"{what} was not run: another delivery took over the key.")
+
     def subkey(self, name: str) -> str:
         """A stable key for a downstream call, the same on every attempt under this key."""
         return keys.subkey(self.scope, self.key, keys.validate_step_name(name))
@@ -77,6 +87,8 @@ class Idempotency:
                 "its checkpoint would roll back with it. Run steps in a non-atomic task, outside "
                 "transaction.atomic()."
             )
+        if name not in self.steps:
+            self.verify_lease(f"Step {name!r}")
         step = Step(self, name)
         if fn is None:
             return step

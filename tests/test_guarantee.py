@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -11,8 +13,18 @@ from django.db.transaction import TransactionManagementError
 from django_idempotent_tasks import keys, signals, store, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.helpers import calls
+from tests.helpers import (
+    SETTLE_TIMEOUT,
+    START_TIMEOUT,
+    Worker,
+    calls,
+    finished,
+    lapsed,
+    leases_lost,
+    wait_for,
+)
 from tests.testapp import tasks
+from tests.testapp.faults import control
 from tests.testapp.models import Effect
 
 
@@ -25,6 +37,8 @@ TOO_DEEP_FOR_PYTHON = 3000
 TOO_DEEP_FOR_MARIADB = 40
 #: Seconds SQLite waits for its write lock before "database is locked", in the SQLite test.
 BUSY_TIMEOUT = 0.3
+#: Seconds between the two steps of the paused holder (its lease is 2 s).
+PAUSED_STEP_SLEEP = 3
 
 
 def run_(task: Any, key: str) -> Any:
@@ -192,3 +206,19 @@ def test_every_claim_draws_a_new_token() -> None:
     assert len(first.claim_token) == len(second.claim_token) == 32
     assert (second.fence, second.status) == (2, "SUCCEEDED")
     assert second.claim_token != first.claim_token
+
+
+@pytest.mark.workers
+def test_1_a_holder_resumed_after_a_takeover_runs_no_further_step(running_workers: list[Worker]) -> None:
+    tasks.pauses_between_steps.delay(PAUSED_STEP_SLEEP, idempotency_key="w15")
+    pid = int(wait_for(lambda: control().get("between:w15"), timeout=START_TIMEOUT, what="the first step"))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        lapsed(tasks.pauses_between_steps.name, "w15")
+        tasks.pauses_between_steps.delay(PAUSED_STEP_SLEEP, idempotency_key="w15")
+        done = finished("w15")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    wait_for(lambda: 1 in leases_lost("w15"), timeout=SETTLE_TIMEOUT, what="the resumed holder to stop")
+    assert done.fence == 2
+    assert control().lrange("second:w15", 0, -1) == [b"2"]  # the second step ran once, under fence 2

@@ -453,3 +453,18 @@ def meets_a_busy_sqlite(self: Any, hold: float) -> dict[str, Any]:
     threading.Thread(target=writer, daemon=True).start()
     taken.wait()
     return result
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=2, ignore_result=True)
+def pauses_between_steps(self: Any, sleep: float) -> Any:
+    """Two steps, ``sleep`` seconds apart: the test pauses the process between them."""
+    key = self.idempotency.key
+    self.idempotency.step("one", lambda: "one")
+    control().set(f"between:{key}", os.getpid())
+    time.sleep(sleep)
+
+    def second() -> str:
+        control().rpush(f"second:{key}", self.idempotency.fence)
+        return "two"
+
+    return self.idempotency.step("two", second)
