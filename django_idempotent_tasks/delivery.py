@@ -92,6 +92,10 @@ def deliver(delivery: Delivery, body: Body) -> Outcome:
 def conflict_action(delivery: Delivery) -> str:
     """The on_conflict action for a held key (an eager call has no broker: it waits), signalled."""
     action = "wait" if delivery.eager and delivery.on_conflict == "retry" else delivery.on_conflict
+    # Issue #25, hole 2: "raise" answers only for a live holder. A lock without one (the holder
+    # died; or it was this very message, which the broker gave back) is waited out, or re-queued.
+    if action == "raise" and not store.held_by_another(delivery.scope, delivery.key, delivery.task_id):
+        action = "wait" if delivery.eager else "retry"
     delivery.send(signals.lock_conflict, action=action)
     return action
 

@@ -24,7 +24,7 @@ from tests.helpers import (
     wait_for,
 )
 from tests.testapp import tasks
-from tests.testapp.faults import control
+from tests.testapp.faults import arm, control
 from tests.testapp.models import Effect
 
 
@@ -222,3 +222,15 @@ def test_1_a_holder_resumed_after_a_takeover_runs_no_further_step(running_worker
     wait_for(lambda: 1 in leases_lost("w15"), timeout=SETTLE_TIMEOUT, what="the resumed holder to stop")
     assert done.fence == 2
     assert control().lrange("second:w15", 0, -1) == [b"2"]  # the second step ran once, under fence 2
+
+
+@pytest.mark.workers
+def test_2_a_raise_task_whose_holder_died_is_run_again_not_answered_in_progress(
+    running_workers: list[Worker],
+) -> None:
+    arm("after_effect", "w16")
+    tasks.raising_short_lease.delay(1, idempotency_key="w16")
+    done = finished("w16")
+    assert (done.fence, done.attempts) == (2, 2)
+    effects = list(Effect.objects.filter(key="w16").order_by("pk").values_list("fence", "recovered"))
+    assert effects == [(1, False), (2, True)]

@@ -468,3 +468,10 @@ def pauses_between_steps(self: Any, sleep: float) -> Any:
         return "two"
 
     return self.idempotency.step("two", second)
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=3, on_conflict="raise", ignore_result=True)
+def raising_short_lease(self: Any, value: Any) -> dict[str, Any]:
+    """on_conflict="raise" with a 3 s lease: its killed holder's lock and lease run out soon."""
+    return effect(self, value)
+
