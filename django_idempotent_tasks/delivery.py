@@ -214,8 +214,17 @@ def run_claimed(
     token = running.set(idempotency)
     try:
         if delivery.atomic:
-            with transaction.atomic(using=store.database()):
-                return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
+            completed: Completed | None = None
+            try:
+                with transaction.atomic(using=store.database()):
+                    completed = Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
+            except (OperationalError, InterfaceError):
+                # Issue #25, hole 10: the COMMIT's reply was lost. Read the record at our claim token:
+                # if the completion committed, this delivery is done (its on_commit signal was dropped).
+                if completed is None or not store.committed(claim):
+                    raise
+                delivery.send(signals.task_completed, fence=claim.fence)
+            return completed
         return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
     except LeaseLost:
         return lease_lost(delivery, claim)

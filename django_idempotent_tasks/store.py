@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import secrets
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -327,7 +328,7 @@ def checkpoint(claim: Claim, steps: dict[str, Any]) -> bool:
 def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl: int) -> bool:
     """Mark the key SUCCEEDED with its result; False if the fence moved on."""
     with _savepoint():  # in an atomic body, a refused value must not poison its transaction
-        return _update_held(
+        written = _update_held(
             claim,
             status=Status.SUCCEEDED,
             result=result,
@@ -336,6 +337,39 @@ def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl
             lease_expires_at=None,
             later={"expires_at": record_ttl},
         )
+    return written or landed(claim, Status.SUCCEEDED)
+
+
+def landed(claim: Claim, status: str, error_type: str | None = None) -> bool:
+    """The record is in ``status`` under this very claim: a write of ours whose reply was lost landed.
+
+    A fenced write sent again after an ambiguous commit matches nothing (its first copy moved the
+    record on): read the record at our own token before calling that a lost lease (issue #25).
+    """
+    alias = database()
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            statements.select_sql(alias, ("status", "error"), "scope", "key", "fence", "claim_token"),
+            [claim.record.scope, claim.record.key, claim.fence, claim.token],
+        )
+        found = cursor.fetchone()
+    if found is None:
+        return False
+    found_status, error = statements.decode(connection, ("status", "error"), found)
+    return bool(found_status == status and (error_type is None or (error or {}).get("type") == error_type))
+
+
+def committed(claim: Claim) -> bool:
+    """Whether the completion of ``claim`` committed, read on a fresh connection after its COMMIT's
+    reply was lost; False when that cannot be read either."""
+    connection = connections[database()]
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+    try:
+        return landed(claim, Status.SUCCEEDED)
+    except DatabaseError:
+        return False
 
 
 def _mark_failed(held: Any, error: dict[str, str], *, at_least_attempts: int | None = None) -> bool:
@@ -363,7 +397,8 @@ def _held(claim: Claim) -> Any:
 
 def fail(claim: Claim, error: dict[str, str], *, for_good_after: int | None = None) -> bool:
     """Mark the key FAILED (retryable, or for good with ``for_good_after``); False if the fence moved on."""
-    return _mark_failed(_held(claim), error, at_least_attempts=for_good_after)
+    written = _mark_failed(_held(claim), error, at_least_attempts=for_good_after)
+    return written or landed(claim, Status.FAILED, error["type"])
 
 
 def exhaust(record: Snapshot, max_attempts: int) -> bool:

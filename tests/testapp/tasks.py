@@ -475,3 +475,16 @@ def raising_short_lease(self: Any, value: Any) -> dict[str, Any]:
     """on_conflict="raise" with a 3 s lease: its killed holder's lock and lease run out soon."""
     return effect(self, value)
 
+
+@shared_task(base=IdempotentTask, bind=True)
+def plain_result(self: Any, value: Any) -> dict[str, Any]:
+    """tests/test_ambiguous_commit.py: one external call, a plain result."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return {"value": value}
+
+
+@shared_task(base=IdempotentTask, bind=True, atomic=True)
+def atomic_plain_result(self: Any, value: Any) -> dict[str, Any]:
+    """tests/test_ambiguous_commit.py: the same in atomic mode."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return {"value": value}
