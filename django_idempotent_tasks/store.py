@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import secrets
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -286,6 +288,48 @@ def _steps(scope: str, key: str) -> dict[str, Any]:
     return {} if found is None else dict(statements.decode(connection, ("steps",), found)[0] or {})
 
 
+# The bound set by bounded() for the lease's writes made in this thread, in seconds.
+_bound: ContextVar[float | None] = ContextVar("idempotency_statement_bound", default=None)
+
+
+@contextlib.contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """The lease's writes made inside are cancelled by the database after ``seconds`` (row locks
+    and synchronous replication included) rather than wait without end."""
+    token = _bound.set(max(seconds, 0.1))
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+@contextlib.contextmanager
+def _within_bound(connection: Any, sql: str) -> Iterator[str]:
+    """``sql`` as sent under the current bound: per statement, so a pooler in transaction mode
+    (PgBouncer) never carries the timeout over to another client."""
+    seconds = _bound.get()
+    if seconds is None or connection.vendor == "sqlite":  # SQLite: its busy timeout, and hole 6's retry
+        yield sql
+    elif connection.vendor == "mysql":
+        # MariaDB: a prefix on the statement itself, no extra round trip. (MySQL has no such prefix
+        # for an UPDATE: its writes stay bound by innodb_lock_wait_timeout.)
+        yield (
+            f"SET STATEMENT max_statement_time={seconds:.3f} FOR {sql}"
+            if connection.mysql_is_mariadb
+            else sql
+        )
+    else:
+        # PostgreSQL: SET LOCAL lasts until the end of the statement's own transaction. Costs a
+        # transaction of its own (BEGIN, set_config, COMMIT) when none is open.
+        milliseconds = str(int(seconds * 1000))
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+                [milliseconds, milliseconds],
+            )
+            yield sql
+
+
 def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: Any) -> bool:
     """``UPDATE … WHERE scope, key, fence and claim_token = mine AND status = IN_PROGRESS``; False if
     the key was claimed again since (or is no longer IN_PROGRESS).
@@ -299,9 +343,10 @@ def _update_held(claim: Claim, later: dict[str, int] | None = None, **values: An
     connection = connections[alias]
     params = [statements.prepare(connection, name, value) for name, value in values.items()]
     later = later or {}
-    with connection.cursor() as cursor:
+    sql = statements.update_held_sql(alias, tuple(values), tuple(later))
+    with _within_bound(connection, sql) as sql, connection.cursor() as cursor:
         cursor.execute(
-            statements.update_held_sql(alias, tuple(values), tuple(later)),
+            sql,
             [
                 *params,
                 *later.values(),

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
 from django_idempotent_tasks import keys, signals, store, values
-from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
+from django_idempotent_tasks.exceptions import AttemptsExhausted, LeaseLost, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import (
     SETTLE_TIMEOUT,
@@ -39,6 +40,8 @@ TOO_DEEP_FOR_MARIADB = 40
 BUSY_TIMEOUT = 0.3
 #: Seconds between the two steps of the paused holder (its lease is 2 s).
 PAUSED_STEP_SLEEP = 3
+#: Seconds another transaction holds a record's row lock: past the 1 s lease of renewal_blocked.
+ROW_LOCK_HELD = 3
 
 
 def run_(task: Any, key: str) -> Any:
@@ -234,3 +237,45 @@ def test_2_a_raise_task_whose_holder_died_is_run_again_not_answered_in_progress(
     assert (done.fence, done.attempts) == (2, 2)
     effects = list(Effect.objects.filter(key="w16").order_by("pk").values_list("fence", "recovered"))
     assert effects == [(1, False), (2, True)]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite has no row locks (hole 6 waits it out)")
+class TestBoundedWaits:
+    def test_a_holder_that_could_not_renew_before_its_lease_ended_knows_it(self) -> None:
+        with pytest.raises(LeaseLost, match="lost its lease"):
+            run(tasks.renewal_blocked, ROW_LOCK_HELD, "unrenewed")
+        assert calls("unrenewed") == 0
+
+    def test_a_bounded_write_blocked_by_a_row_lock_gives_up(self) -> None:
+        claim = store.insert(
+            "s",
+            "bounded",
+            task_name="t",
+            fingerprint="f",
+            task_id="a",
+            worker="w:1",
+            lease_seconds=60,
+            record_ttl=60,
+        )
+        assert claim is not None
+        locked, release = threading.Event(), threading.Event()
+
+        def holder() -> None:
+            with transaction.atomic():
+                list(IdempotencyRecord.objects.select_for_update().filter(key="bounded"))
+                locked.set()
+                release.wait(ROW_LOCK_HELD * 10)
+            connection.close()
+
+        thread = threading.Thread(target=holder)
+        thread.start()
+        locked.wait()
+        try:
+            with pytest.raises(DatabaseError), store.bounded(0.5):
+                store.renew(claim, 60)
+        finally:
+            release.set()
+            thread.join()
+        connection.close()  # the cancelled statement's connection: the next test gets a fresh one
+        assert store.renew(claim, 60)

@@ -488,3 +488,27 @@ def atomic_plain_result(self: Any, value: Any) -> dict[str, Any]:
     """tests/test_ambiguous_commit.py: the same in atomic mode."""
     control().incr(f"calls:{self.idempotency.key}")
     return {"value": value}
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=1, on_conflict="raise")
+def renewal_blocked(self: Any, hold: float) -> Any:
+    """Another transaction locks this key's record for ``hold`` seconds: no renewal can pass."""
+    import threading
+
+    from django.db import connection
+
+    key = self.idempotency.key
+    locked = threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            list(IdempotencyRecord.objects.select_for_update().filter(key=key))
+            locked.set()
+            time.sleep(hold)
+        connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    locked.wait()
+    thread.join()
+    return self.idempotency.step("after", lambda: control().incr(f"calls:{key}"))
