@@ -100,7 +100,7 @@ def json_depth_limit(inside: int = 0) -> int | None:
     connection = connections[database()]
     if connection.vendor != "mysql":
         return None
-    return (31 if connection.mysql_is_mariadb else 100) - inside
+    return (31 if getattr(connection, "mysql_is_mariadb", False) else 100) - inside
 
 
 def is_busy(exc: BaseException) -> bool:

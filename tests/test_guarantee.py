@@ -30,7 +30,7 @@ from tests.testapp.models import Effect
 
 
 def mariadb() -> bool:
-    return connection.vendor == "mysql" and bool(connection.mysql_is_mariadb)
+    return connection.vendor == "mysql" and bool(getattr(connection, "mysql_is_mariadb", False))
 
 
 #: Deeper than Python's JSON encoder goes (hole 3) and than MariaDB's JSON column allows (hole 7).
