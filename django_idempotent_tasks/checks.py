@@ -4,6 +4,7 @@ Celery app's are in celery_checks, and apps.py registers both."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -228,7 +229,7 @@ def check_replication(
 
 
 def postgresql_replication_problem(
-    states: list[str | None], standby_names: str, synchronous_commit: str
+    states: Sequence[str | None], standby_names: str, synchronous_commit: str
 ) -> str | None:
     """What a PostgreSQL primary streaming to standbys in ``states`` (pg_stat_replication.sync_state)
     can lose on a failover, or None."""
