@@ -169,12 +169,16 @@ def _forget(record: Snapshot, *names: str) -> None:
 
 
 def held_by_another(scope: str, key: str, task_id: str) -> bool:
-    """A live lease (on the database clock) holds the key, claimed by another message than ``task_id``.
+    """Another delivery holds the key: no record yet (its holder is between lock and claim), or a
+    live lease (on the database clock) claimed by another message than ``task_id``.
 
     A redelivered message carries its task id: a live lease under that id is an earlier delivery of
     the same message, which the broker gave back because its worker died.
     """
-    live = records().live().filter(scope=scope, key=key)
+    found = records().filter(scope=scope, key=key)
+    if not found.exists():
+        return True
+    live = found.live()
     if task_id:  # an eager call or a function has no message id: any live lease is another's
         live = live.exclude(task_id=task_id)
     return bool(live.exists())
