@@ -24,3 +24,4 @@ class IdempotentTasksConfig(AppConfig):
         register(celery_checks.check_purge_scheduled, tag, deploy=True)
         register(celery_checks.check_db_reuse, tag, deploy=True)
         register(checks.check_records_table, tag, deploy=True)
+        register(checks.check_replication, tag, Tags.database, deploy=True)

@@ -4,6 +4,7 @@ Celery app's are in celery_checks, and apps.py registers both."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
@@ -189,6 +190,84 @@ def check_records_table(app_configs: Any = None, **kwargs: Any) -> list[checks.C
         message = f"The database {alias!r} of the idempotency records has no table {table}."
         return [checks.Error(message, hint=hint, id=f"{PREFIX}.E005")]
     return []
+
+
+def check_replication(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """W011 (deploy, ``--database``): the records' database streams to standbys without waiting for any."""
+    from django_idempotent_tasks.models import IdempotencyRecord
+
+    alias = router.db_for_write(IdempotencyRecord)
+    if not databases or alias not in databases:
+        return []  # a database check: Django runs it only when asked (check --database)
+    connection = connections[alias]
+    try:
+        with connection.cursor() as cursor:
+            if connection.vendor == "postgresql":
+                cursor.execute("SELECT sync_state FROM pg_stat_replication")
+                states = [row[0] for row in cursor.fetchall()]
+                cursor.execute(
+                    "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')"
+                )
+                names, commit = cursor.fetchone()
+                problem = postgresql_replication_problem(states, names, commit)
+            elif connection.vendor == "mysql":
+                problem = _mysql_replication_problem(cursor)
+            else:
+                return []
+    except DatabaseError as exc:  # no server to ask, or no right to read its replication state
+        problem = f"its replication state could not be read ({str(exc).strip() or type(exc).__name__})"
+    if problem is None:
+        return []
+    return [
+        checks.Warning(
+            f"The database {alias!r} that holds the idempotency records {problem}. A failover to a "
+            "standby that had not received the last commits loses claims and completions: finished "
+            "bodies run again, and two holders can each believe they hold a key. (Read from the live "
+            "database by check --deploy.)",
+            hint="Use synchronous replication (synchronous_standby_names with synchronous_commit on or "
+            "remote_apply; MariaDB semi-synchronous replication) and a failover manager that promotes "
+            "only a synchronous standby. See docs/guarantee.md.",
+            id=f"{PREFIX}.W011",
+        )
+    ]
+
+
+def postgresql_replication_problem(
+    states: Sequence[str | None], standby_names: str, synchronous_commit: str
+) -> str | None:
+    """What a PostgreSQL primary streaming to standbys in ``states`` (pg_stat_replication.sync_state)
+    can lose on a failover, or None."""
+    if not states:
+        return None  # no standby: a failover has nothing to promote
+    if synchronous_commit in {"off", "local"}:
+        return f"streams to {len(states)} standby(s) but commits with synchronous_commit={synchronous_commit}, without waiting for any"
+    waited = [state for state in states if state in {"sync", "quorum"}]
+    if waited:
+        return None
+    if all(state is None for state in states) and standby_names.strip():
+        return None  # sync_state hidden (no pg_monitor role); standbys are named as synchronous
+    return (
+        f"streams to {len(states)} standby(s), none of them synchronous "
+        f"(sync_state {', '.join(sorted({str(state) for state in states}))}; "
+        f"synchronous_standby_names is {standby_names.strip() or 'empty'!r})"
+    )
+
+
+def _mysql_replication_problem(cursor: Any) -> str | None:
+    cursor.execute("SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE COMMAND LIKE 'Binlog Dump%%'")
+    replicas = int(cursor.fetchone()[0])
+    cursor.execute("SHOW GLOBAL STATUS LIKE 'Rpl_semi_sync_master_status'")
+    found = cursor.fetchone()
+    return mysql_replication_problem(replicas, None if found is None else str(found[1]))
+
+
+def mysql_replication_problem(replicas: int, semi_sync_status: str | None) -> str | None:
+    """What a MySQL/MariaDB primary with ``replicas`` binlog readers can lose on a failover, or None."""
+    if replicas == 0 or (semi_sync_status or "").upper() == "ON":
+        return None
+    return f"streams its binary log to {replicas} replica(s) without semi-synchronous replication"
 
 
 # Three pairs that an exact comparison tells apart and a folding collation does not.

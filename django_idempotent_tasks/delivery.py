@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import DatabaseError, InterfaceError, OperationalError, connections, transaction
+from django.db.transaction import TransactionManagementError
 from redis.exceptions import RedisError
 
 from django_idempotent_tasks import keys, logs, outages, signals, store, values
@@ -91,6 +92,10 @@ def deliver(delivery: Delivery, body: Body) -> Outcome:
 def conflict_action(delivery: Delivery) -> str:
     """The on_conflict action for a held key (an eager call has no broker: it waits), signalled."""
     action = "wait" if delivery.eager and delivery.on_conflict == "retry" else delivery.on_conflict
+    # Issue #25, hole 2: "raise" answers only for a live holder. A lock without one (the holder
+    # died; or it was this very message, which the broker gave back) is waited out, or re-queued.
+    if action == "raise" and not store.held_by_another(delivery.scope, delivery.key, delivery.task_id):
+        action = "wait" if delivery.eager else "retry"
     delivery.send(signals.lock_conflict, action=action)
     return action
 
@@ -210,8 +215,17 @@ def run_claimed(
     token = running.set(idempotency)
     try:
         if delivery.atomic:
-            with transaction.atomic(using=store.database()):
-                return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
+            completed: Completed | None = None
+            try:
+                with transaction.atomic(using=store.database()):
+                    completed = Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
+            except (OperationalError, InterfaceError):
+                # Issue #25, hole 10: the COMMIT's reply was lost. Read the record at our claim token:
+                # if the completion committed, this delivery is done (its on_commit signal was dropped).
+                if completed is None or not store.committed(claim):
+                    raise
+                delivery.send(signals.task_completed, fence=claim.fence)
+            return completed
         return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
     except LeaseLost:
         return lease_lost(delivery, claim)
@@ -229,8 +243,15 @@ def run_claimed(
 def call_body(body: Body, idempotency: Idempotency) -> Any:
     """Run the body, remembering what it raised: its database errors are its own, not a lost connection."""
     connection = store.raw_connection()
+    autocommit = not store.in_transaction()
     try:
-        return body(idempotency)
+        value = body(idempotency)
+        # Issue #25, holes 4 and 5: a body that broke its transaction or left autocommit off fails
+        # here, as its own error, rather than have its completion refused or never committed.
+        problem = store.unusable_transaction(autocommit)
+        if problem is not None:
+            raise TransactionManagementError(problem)
+        return value
     except (OperationalError, InterfaceError) as exc:
         # A deadlock or a timeout on a working connection is the body's; a dead connection is not:
         # the delivery is sent again and the next holder takes the key over, recovered.

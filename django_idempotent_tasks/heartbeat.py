@@ -104,11 +104,22 @@ _scheduler = _Scheduler()
 
 def held_write(delivery: Delivery, heartbeat: Heartbeat, write: Callable[[], bool]) -> bool:
     """A fenced write; on a broken connection, reconnect and write again while the lease is ours."""
-    connection, pause = connections[store.database()], RECONNECT_PAUSE
+    connection, pause, again = connections[store.database()], RECONNECT_PAUSE, False
     while True:
         try:
-            return write()
+            if not again:
+                return write()
+            # Issue #25, bounded waits: a write sent again must end before the lease does.
+            with store.bounded(heartbeat.lease_until - time.monotonic()):
+                return write()
         except (OperationalError, InterfaceError) as exc:
+            # Issue #25, hole 6: SQLite's write lock held by another writer, not a lost connection.
+            # Waiting is safe past the lease too: the write is fenced, a take-over makes it match nothing.
+            if store.is_busy(exc) and time.monotonic() < heartbeat.lease_until + delivery.lock_ttl:
+                logger.warning("%s: the database is locked by another writer; writing again.", delivery.label)
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+                continue
             # In an atomic body the transaction died with its connection: nothing is left to complete.
             if delivery.atomic or connection.in_atomic_block or connection.is_usable():
                 raise
@@ -120,17 +131,24 @@ def held_write(delivery: Delivery, heartbeat: Heartbeat, write: Callable[[], boo
             with contextlib.suppress(DatabaseError):
                 connection.close()
             time.sleep(pause)
-            pause = min(pause * 2, 1.0)
+            pause, again = min(pause * 2, 1.0), True
 
 
 def renew(delivery: Delivery, claim: store.Claim, lock: RedisLock | None, heartbeat: Heartbeat) -> bool:
     """Extend the database lease, then the Redis lock; returns False once the lease is lost."""
     started = time.monotonic()
     try:
-        renewed = store.renew(claim, delivery.lock_ttl)
+        # Issue #25, bounded waits: a renewal stuck on a row lock, a dead socket's peer or a
+        # synchronous standby gives up within one beat instead of outliving the lease.
+        with store.bounded(delivery.lock_ttl / 3):
+            renewed = store.renew(claim, delivery.lock_ttl)
     except Exception as exc:
         logger.warning("%s could not renew its lease: %r.", delivery.label, exc)
         renewed = None
+        if time.monotonic() >= heartbeat.lease_until:
+            # Unrenewed past its end: another delivery may hold the key now. The body hears of it
+            # at its next step or checkpoint (LeaseLost); the fenced completion still decides.
+            renewed = False
     finally:
         connections.close_all()
     if renewed is False:

@@ -8,7 +8,7 @@ from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import DataError, IntegrityError, transaction
 
 from django_idempotent_tasks import keys, store, values
 from django_idempotent_tasks.exceptions import LeaseLost
@@ -59,6 +59,16 @@ class Idempotency:
         if self._lost.is_set():
             raise LeaseLost(f"{what} was not run: another delivery took over the key.")
 
+    def verify_lease(self, what: str) -> None:
+        """Renew the lease on the database (a fenced write) before ``what`` runs; LeaseLost if it is gone.
+
+        The heartbeat's flag alone is not enough: a holder paused past its lease and taken over runs
+        on before its heartbeat, resumed at the same moment, has heard of it (issue #25, hole 1).
+        """
+        if self.claim.lease_seconds and not store.renew(self.claim, self.claim.lease_seconds):
+            self._lost.set()
+            raise LeaseLost(f"{what} was not run: another delivery took over the key.")
+
     def subkey(self, name: str) -> str:
         """A stable key for a downstream call, the same on every attempt under this key."""
         return keys.subkey(self.scope, self.key, keys.validate_step_name(name))
@@ -77,6 +87,8 @@ class Idempotency:
                 "its checkpoint would roll back with it. Run steps in a non-atomic task, outside "
                 "transaction.atomic()."
             )
+        if name not in self.steps:
+            self.verify_lease(f"Step {name!r}")
         step = Step(self, name)
         if fn is None:
             return step
@@ -88,11 +100,19 @@ class Idempotency:
     def save_step(self, name: str, value: Any) -> Any:
         """Checkpoint one step's result with a fenced write; returns the stored JSON form."""
         self.ensure_lease(f"The checkpoint of step {name!r}")
-        stored, problem = values.encode_result(value, self.max_result_bytes)
+        # The steps column holds {name: value}: the value nests one level below the column's limit.
+        depth = store.json_depth_limit(inside=1)
+        stored, problem = values.encode_result(value, self.max_result_bytes, depth)
         if problem is not None:
             raise UnstorableValue(f"Step {name!r} cannot be checkpointed. {problem}")
         steps = {**self.steps, name: stored}
-        if not store.checkpoint(self.claim, steps):
+        try:
+            checkpointed = store.checkpoint(self.claim, steps)
+        except (DataError, IntegrityError) as exc:  # refused for a reason not foreseen: never re-run it
+            raise UnstorableValue(
+                f"Step {name!r} cannot be checkpointed. The database refused it: {exc!r}"
+            ) from exc
+        if not checkpointed:
             raise LeaseLost(f"Step {name!r} was not checkpointed: another delivery took over the key.")
         self.steps = steps
         return stored

@@ -108,12 +108,24 @@ def passed_arguments(
 
 
 def _is_default(value: Any, default: Any) -> bool:
-    if default is inspect.Parameter.empty or type(value) is not type(default):
+    if default is inspect.Parameter.empty:
+        return False
+    if type(default) is tuple and type(value) is list:
+        # JSON has no tuple: a tuple default passed explicitly arrives from the broker as a list.
+        default = _listed(default)
+    if type(value) is not type(default):
         return False
     try:
         return bool(value == default)
     except Exception:  # an argument whose == raises is simply not the default
         return False
+
+
+def _listed(value: Any) -> Any:
+    """``value`` with its tuples turned into lists, as a JSON round trip returns it."""
+    if isinstance(value, (tuple, list)):
+        return [_listed(item) for item in value]
+    return value
 
 
 def derive_key(

@@ -166,6 +166,13 @@ class IdempotencyRecord(models.Model):
         default=1,
         help_text=_("Bumped on every claim; only the holder of the current fence may write."),
     )
+    claim_token = models.CharField(
+        _("claim token"),
+        max_length=32,
+        blank=True,
+        default="",
+        help_text=_("Random, new on every claim: the holder's writes name it, so no failover can repeat it."),
+    )
     task_id = models.CharField(_("task id"), max_length=255, blank=True)
     worker = models.CharField(
         _("worker"), max_length=255, blank=True, help_text=_("Hostname and pid of the lease holder.")

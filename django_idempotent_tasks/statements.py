@@ -69,9 +69,10 @@ def insert_sql(
 def update_held_sql(
     alias: str, names: tuple[str, ...], later: tuple[str, ...], event: tuple[str, ...] = ()
 ) -> str:
-    """``UPDATE … SET names = %s, later = clock + %s WHERE pk = %s AND fence = %s AND status = %s``;
-    a non-empty ``event`` appends an event of those fields to the attempts log (parameters after
-    the later ones)."""
+    """``UPDATE … SET names = %s, later = clock + %s WHERE scope = %s AND key = %s AND fence = %s AND
+    claim_token = %s AND status = %s``: the row named by its key and the claim's token, never by
+    primary key and fence; a non-empty ``event`` appends an event of those fields to the attempts
+    log (parameters after the later ones)."""
     quote = connections[alias].ops.quote_name
     vendor = connections[alias].vendor
     clock = later_sql(vendor)
@@ -83,7 +84,9 @@ def update_held_sql(
             *([f"{log} = {history.append_sql(vendor, log, event)}"] if event else []),
         ]
     )
-    where = " AND ".join(f"{quote(column(name))} = %s" for name in ("pk", "fence", "status"))
+    where = " AND ".join(
+        f"{quote(column(name))} = %s" for name in ("scope", "key", "fence", "claim_token", "status")
+    )
     return f"UPDATE {_table(alias)} SET {assignments} WHERE {where}"
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import secrets
+from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +42,7 @@ class Row:
     fence: int
     task_id: str
     worker: str
+    claim_token: str
     # No timestamps: nothing on the delivery path decides by them (leases are judged in SQL, on the
     # database clock), and decoding them was a tenth of a replay's CPU. The admin reads the model.
 
@@ -49,12 +53,16 @@ Snapshot = Row | IdempotencyRecord
 
 @dataclass(frozen=True)
 class Claim:
-    """The lease a delivery holds on a record: only writes carrying its fence succeed."""
+    """The lease a delivery holds on a record: only writes naming its token succeed."""
 
     record: Snapshot
     fence: int
     attempt: int
     recovered: bool
+    #: Random, new on every claim. Writes name the row by scope, key and token, never by primary
+    #: key and fence: a failover that lost a claim can hand both out again (issue #25).
+    token: str = ""
+    lease_seconds: int = 0
 
 
 def database() -> str:
@@ -83,6 +91,22 @@ def connection_works(since: Any) -> bool:
         # psycopg knows once a call failed on it; a probe query would fail in an aborted transaction.
         return not (raw.closed or getattr(raw, "broken", False))
     return bool(connection.is_usable())  # MySQL: a ping, harmless inside a transaction
+
+
+def json_depth_limit(inside: int = 0) -> int | None:
+    """The deepest nesting a value may have ``inside`` levels down a JSON column, or None: no limit.
+
+    MariaDB refuses JSON nested 32 levels or deeper (error 4025), MySQL 101 or deeper.
+    """
+    connection = connections[database()]
+    if connection.vendor != "mysql":
+        return None
+    return (31 if getattr(connection, "mysql_is_mariadb", False) else 100) - inside
+
+
+def is_busy(exc: BaseException) -> bool:
+    """``exc`` is SQLite's "database is locked": another writer holds the lock; the connection works."""
+    return connections[database()].vendor == "sqlite" and "locked" in str(exc)
 
 
 def lookup(scope: str, key: str) -> Row | None:
@@ -127,6 +151,33 @@ def in_transaction() -> bool:
     return not transaction.get_autocommit(database())
 
 
+def unusable_transaction(autocommit_before: bool) -> str | None:
+    """Why the body left the records' connection unable to take its completion, or None.
+
+    An atomic body whose transaction a caught database error broke can commit nothing. A body that
+    turned autocommit off and returned would have its completion written into a transaction that
+    nobody commits (Celery's Django fix-up closes the connection: a rollback); that transaction is
+    rolled back here and autocommit turned back on, so the failure can be recorded.
+    """
+    connection = connections[database()]
+    if connection.in_atomic_block:
+        if not connection.needs_rollback:
+            return None
+        return (
+            "The body's transaction was broken by a database error it caught and went on from "
+            "(wrap the statement that may fail in its own transaction.atomic()): its writes were "
+            "rolled back and its result was not stored."
+        )
+    if autocommit_before and not connection.get_autocommit():
+        connection.rollback()
+        connection.set_autocommit(True)
+        return (
+            "The body turned autocommit off (transaction.set_autocommit(False)) and returned without "
+            "turning it back on: its uncommitted writes were rolled back and its result was not stored."
+        )
+    return None
+
+
 def _savepoint() -> AbstractContextManager[Any]:
     # Inside a caller's transaction an IntegrityError would poison it: isolate the INSERT.
     # In autocommit mode the INSERT is its own transaction and a savepoint costs two round trips.
@@ -139,6 +190,22 @@ def _forget(record: Snapshot, *names: str) -> None:
     if isinstance(record, IdempotencyRecord):
         for name in names:
             record.__dict__.pop(name, None)
+
+
+def held_by_another(scope: str, key: str, task_id: str) -> bool:
+    """Another delivery holds the key: no record yet (its holder is between lock and claim), or a
+    live lease (on the database clock) claimed by another message than ``task_id``.
+
+    A redelivered message carries its task id: a live lease under that id is an earlier delivery of
+    the same message, which the broker gave back because its worker died.
+    """
+    found = records().filter(scope=scope, key=key)
+    if not found.exists():
+        return True
+    live = found.live()
+    if task_id:  # an eager call or a function has no message id: any live lease is another's
+        live = live.exclude(task_id=task_id)
+    return bool(live.exists())
 
 
 def insert(
@@ -155,8 +222,22 @@ def insert(
     """Create the record IN_PROGRESS with fence 1; None if another delivery created it first."""
     alias = database()
     connection = connections[alias]
+    token = new_token()
     row = Row(
-        0, scope, key, task_name, Status.IN_PROGRESS, fingerprint, None, None, {}, 1, 1, task_id, worker
+        0,
+        scope,
+        key,
+        task_name,
+        Status.IN_PROGRESS,
+        fingerprint,
+        None,
+        None,
+        {},
+        1,
+        1,
+        task_id,
+        worker,
+        token,
     )
     sql, returning = statements.insert_sql(alias, (*_INSERTED, *_STAMPED), _CLOCKED, _CLAIMED_EVENT)
     now = statements.prepare(connection, "created_at", timezone.now())
@@ -169,7 +250,7 @@ def insert(
             row.pk = cursor.fetchone()[0] if returning else connection.ops.last_insert_id(cursor, table, pk)
     except IntegrityError:
         return None
-    return Claim(record=row, fence=1, attempt=1, recovered=False)
+    return Claim(record=row, fence=1, attempt=1, recovered=False, token=token, lease_seconds=lease_seconds)
 
 
 # What insert() writes: the Row's columns, then the timestamps (now), then the lease and the
@@ -191,10 +272,11 @@ def take_over(
     record: Snapshot, *, task_id: str, worker: str, lease_seconds: int, record_ttl: int
 ) -> Claim | None:
     """Claim a FAILED record or one whose lease expired on the database clock; None if it is not."""
-    fence, attempt = record.fence + 1, record.attempts + 1
+    fence, attempt, token = record.fence + 1, record.attempts + 1, new_token()
     changes: dict[str, Any] = {
         "status": Status.IN_PROGRESS,
         "fence": fence,
+        "claim_token": token,
         "attempts": attempt,
         "task_id": task_id,
         "worker": worker,
@@ -204,8 +286,7 @@ def take_over(
         "expires_at": DatabaseNow(record_ttl),
     }
     claimed = _claimed_event(fence=fence, attempt=attempt, worker=worker, task_id=task_id)
-    taken = records().claimable().filter(pk=record.pk, fence=record.fence)
-    if not taken.update(**changes, attempts_log=history.AppendEvent(**claimed)):
+    if not _named(record).claimable().update(**changes, attempts_log=history.AppendEvent(**claimed)):
         return None
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
@@ -213,23 +294,85 @@ def take_over(
             setattr(record, name, value)
     _forget(record, *_CLOCKED)
     # The steps are read again under the claim: the copy read before the lock may be stale.
-    record.steps = _steps(record.pk)
-    return Claim(record=record, fence=fence, attempt=attempt, recovered=recovered)
+    record.steps = _steps(record.scope, record.key)
+    return Claim(
+        record=record,
+        fence=fence,
+        attempt=attempt,
+        recovered=recovered,
+        token=token,
+        lease_seconds=lease_seconds,
+    )
 
 
-def _steps(pk: int) -> dict[str, Any]:
+def new_token() -> str:
+    """A random claim token."""
+    return secrets.token_hex(16)
+
+
+def _named(record: Snapshot) -> Any:
+    """The record as it was read: by scope and key, at the fence and token read (a compare-and-set)."""
+    return records().filter(
+        scope=record.scope, key=record.key, fence=record.fence, claim_token=record.claim_token
+    )
+
+
+def _steps(scope: str, key: str) -> dict[str, Any]:
     alias = database()
     connection = connections[alias]
     with connection.cursor() as cursor:
-        cursor.execute(statements.select_sql(alias, ("steps",), "pk"), [pk])
+        cursor.execute(statements.select_sql(alias, ("steps",), "scope", "key"), [scope, key])
         found = cursor.fetchone()
     return {} if found is None else dict(statements.decode(connection, ("steps",), found)[0] or {})
+
+
+# The bound set by bounded() for the lease's writes made in this thread, in seconds.
+_bound: ContextVar[float | None] = ContextVar("idempotency_statement_bound", default=None)
+
+
+@contextlib.contextmanager
+def bounded(seconds: float) -> Iterator[None]:
+    """The lease's writes made inside are cancelled by the database after ``seconds`` (row locks
+    and synchronous replication included) rather than wait without end."""
+    token = _bound.set(max(seconds, 0.1))
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+@contextlib.contextmanager
+def _within_bound(connection: Any, sql: str) -> Iterator[str]:
+    """``sql`` as sent under the current bound: per statement, so a pooler in transaction mode
+    (PgBouncer) never carries the timeout over to another client."""
+    seconds = _bound.get()
+    if seconds is None or connection.vendor == "sqlite":  # SQLite: its busy timeout, and hole 6's retry
+        yield sql
+    elif connection.vendor == "mysql":
+        # MariaDB: a prefix on the statement itself, no extra round trip. (MySQL has no such prefix
+        # for an UPDATE: its writes stay bound by innodb_lock_wait_timeout.)
+        yield (
+            f"SET STATEMENT max_statement_time={seconds:.3f} FOR {sql}"
+            if connection.mysql_is_mariadb
+            else sql
+        )
+    else:
+        # PostgreSQL: SET LOCAL lasts until the end of the statement's own transaction. Costs a
+        # transaction of its own (BEGIN, set_config, COMMIT) when none is open.
+        milliseconds = str(int(seconds * 1000))
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+                [milliseconds, milliseconds],
+            )
+            yield sql
 
 
 def _update_held(
     claim: Claim, later: dict[str, int] | None = None, event: dict[str, Any] | None = None, **values: Any
 ) -> bool:
-    """``UPDATE … WHERE pk AND fence = mine AND status = IN_PROGRESS``; False if the fence moved on.
+    """``UPDATE … WHERE scope, key, fence and claim_token = mine AND status = IN_PROGRESS``; False if
+    the key was claimed again since (or is no longer IN_PROGRESS).
 
     ``later`` sets columns to the database clock plus so many seconds; ``event`` is appended to the
     attempts log.
@@ -241,10 +384,20 @@ def _update_held(
     connection = connections[alias]
     params = [statements.prepare(connection, name, value) for name, value in values.items()]
     later, event = later or {}, event or {}
-    with connection.cursor() as cursor:
+    sql = statements.update_held_sql(alias, tuple(values), tuple(later), tuple(event))
+    with _within_bound(connection, sql) as sql, connection.cursor() as cursor:
         cursor.execute(
-            statements.update_held_sql(alias, tuple(values), tuple(later), tuple(event)),
-            [*params, *later.values(), *event.values(), claim.record.pk, claim.fence, Status.IN_PROGRESS],
+            sql,
+            [
+                *params,
+                *later.values(),
+                *event.values(),
+                claim.record.scope,
+                claim.record.key,
+                claim.fence,
+                claim.token,
+                Status.IN_PROGRESS,
+            ],
         )
         return bool(cursor.rowcount == 1)
 
@@ -262,7 +415,7 @@ def checkpoint(claim: Claim, steps: dict[str, Any]) -> bool:
 def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl: int) -> bool:
     """Mark the key SUCCEEDED with its result; False if the fence moved on."""
     with _savepoint():  # in an atomic body, a refused value must not poison its transaction
-        return _update_held(
+        written = _update_held(
             claim,
             status=Status.SUCCEEDED,
             result=result,
@@ -272,6 +425,39 @@ def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl
             later={"expires_at": record_ttl},
             event={"event": "completed", "fence": claim.fence},
         )
+    return written or landed(claim, Status.SUCCEEDED)
+
+
+def landed(claim: Claim, status: str, error_type: str | None = None) -> bool:
+    """The record is in ``status`` under this very claim: a write of ours whose reply was lost landed.
+
+    A fenced write sent again after an ambiguous commit matches nothing (its first copy moved the
+    record on): read the record at our own token before calling that a lost lease (issue #25).
+    """
+    alias = database()
+    connection = connections[alias]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            statements.select_sql(alias, ("status", "error"), "scope", "key", "fence", "claim_token"),
+            [claim.record.scope, claim.record.key, claim.fence, claim.token],
+        )
+        found = cursor.fetchone()
+    if found is None:
+        return False
+    found_status, error = statements.decode(connection, ("status", "error"), found)
+    return bool(found_status == status and (error_type is None or (error or {}).get("type") == error_type))
+
+
+def committed(claim: Claim) -> bool:
+    """Whether the completion of ``claim`` committed, read on a fresh connection after its COMMIT's
+    reply was lost; False when that cannot be read either."""
+    connection = connections[database()]
+    with contextlib.suppress(DatabaseError):
+        connection.close()
+    try:
+        return landed(claim, Status.SUCCEEDED)
+    except DatabaseError:
+        return False
 
 
 def _mark_failed(
@@ -297,13 +483,20 @@ def _mark_failed(
 
 
 def _held(claim: Claim) -> Any:
-    return records().filter(pk=claim.record.pk, fence=claim.fence, status=Status.IN_PROGRESS)
+    return records().filter(
+        scope=claim.record.scope,
+        key=claim.record.key,
+        fence=claim.fence,
+        claim_token=claim.token,
+        status=Status.IN_PROGRESS,
+    )
 
 
 def fail(claim: Claim, error: dict[str, str], *, for_good_after: int | None = None) -> bool:
     """Mark the key FAILED (retryable, or for good with ``for_good_after``); False if the fence moved on."""
     ended: dict[str, str | int] = {"event": "failed", "fence": claim.fence, "detail": error["type"]}
-    return _mark_failed(_held(claim), error, at_least_attempts=for_good_after, event=ended)
+    written = _mark_failed(_held(claim), error, at_least_attempts=for_good_after, event=ended)
+    return written or landed(claim, Status.FAILED, error["type"])
 
 
 def exhaust(record: Snapshot, max_attempts: int) -> bool:
@@ -313,7 +506,7 @@ def exhaust(record: Snapshot, max_attempts: int) -> bool:
     if last.get("type") and last.get("type") != "AttemptsExhausted":
         message += f" Last error: {last['type']}: {last.get('message', '')}"
     error = error_shape("AttemptsExhausted", message)
-    if not _mark_failed(records().claimable().filter(pk=record.pk, fence=record.fence), error):
+    if not _mark_failed(_named(record).claimable(), error):
         return bool(
             record.status == Status.FAILED and (record.error or {}).get("type") == "AttemptsExhausted"
         )
@@ -328,7 +521,7 @@ def is_exhausted(record: Snapshot, max_attempts: int) -> bool:
 
 def release_lease(record: IdempotencyRecord, by: str, *, force: bool = False) -> bool:
     """Mark an IN_PROGRESS record FAILED so the next delivery reruns it; live leases need force."""
-    held = records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS)
+    held = _named(record).filter(status=Status.IN_PROGRESS)
     if not force:
         held = held.not_live()
     return _mark_failed(
@@ -345,16 +538,16 @@ def fail_task(scope: str, key: str, task_id: str, error: dict[str, str], worker:
     record = (held if worker is None else held.filter(worker=worker)).first()
     if record is None:
         return False
-    # By fence: if another delivery took the key over since, this write matches nothing.
     died: dict[str, str | int] = {"event": "died", "fence": record.fence, "detail": error["type"]}
-    held = records().filter(pk=record.pk, fence=record.fence, status=Status.IN_PROGRESS)
-    return _mark_failed(held, error, event=died)
+    # By claim token: if another delivery took the key over since, this write matches nothing.
+    return _mark_failed(_named(record).filter(status=Status.IN_PROGRESS), error, event=died)
 
 
 def note_lease_lost(claim: Claim) -> None:
     """Add to the attempts log that the holder of ``claim`` heard it lost its lease."""
     # Its own round trip, on a rare path: the refused write that told it matched no row to append to.
     lost = history.AppendEvent(event="lease_lost", fence=claim.fence)
+    # Named by scope and key, never by primary key (a failover can hand a primary key out again).
     # The history is a courtesy to the operator: never let it turn a lost lease into another error.
     with contextlib.suppress(DatabaseError), _savepoint():
-        records().filter(pk=claim.record.pk).update(attempts_log=lost)
+        records().filter(scope=claim.record.scope, key=claim.record.key).update(attempts_log=lost)

@@ -38,14 +38,35 @@ def storable_text(text: str) -> str:
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
-def encode_result(value: Any, max_bytes: int) -> tuple[Any, str | None]:
-    """The JSON form stored for ``value``, or (None, why it cannot be stored on every database)."""
+# A JSON string literal, and anything but a bracket: what json_depth() skips.
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str) -> int:
+    """How many levels the JSON ``text`` nests its arrays and objects."""
+    depth = deepest = 0
+    for char in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        depth += 1 if char in "[{" else -1
+        deepest = max(deepest, depth)
+    return deepest
+
+
+def encode_result(value: Any, max_bytes: int, max_depth: int | None = None) -> tuple[Any, str | None]:
+    """The JSON form stored for ``value``, or (None, why it cannot be stored on every database).
+
+    ``max_depth``: the deepest nesting the column accepts (MariaDB refuses 32 levels or more).
+    """
     try:
         text = json.dumps(
             value, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":"), allow_nan=False
         )
     except (TypeError, ValueError) as exc:
         return None, f"The result is not JSON serializable: {exc}"
+    except RecursionError:
+        return None, "The result is nested too deeply for the JSON encoder (RecursionError)."
+    except Exception as exc:  # an encoder hook (a __str__, a default()) that failed: still unstorable
+        return None, f"The result could not be encoded as JSON: {exc!r}"
     if _JSON_NUL.search(text):
         return None, "The result contains a NUL character (\\u0000), which PostgreSQL's jsonb refuses."
     if len(text.encode()) > max_bytes:
@@ -53,7 +74,15 @@ def encode_result(value: Any, max_bytes: int) -> tuple[Any, str | None]:
             f"The result is {len(text.encode())} bytes of JSON, over "
             f"IDEMPOTENT_TASKS_MAX_RESULT_BYTES ({max_bytes})."
         )
-    stored = json.loads(text)
+    # Counting brackets first keeps the scan off every ordinary result.
+    if max_depth is not None and text.count("[") + text.count("{") > max_depth:
+        depth = json_depth(text)
+        if depth > max_depth:
+            return None, f"The result is nested {depth} levels deep; the database stores at most {max_depth}."
+    try:
+        stored = json.loads(text)
+    except RecursionError:
+        return None, "The result is nested too deeply for the JSON decoder (RecursionError)."
     try:
         json.dumps(stored, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:

@@ -4,7 +4,7 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("django_idempotent_tasks", "0002_exact_keys")]
+    dependencies = [("django_idempotent_tasks", "0003_claim_token")]
 
     operations = [
         migrations.AddField(

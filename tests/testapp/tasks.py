@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -13,7 +14,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
 from celery.signals import before_task_publish, task_failure, task_postrun, task_retry
-from django.db import OperationalError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.dispatch import receiver
 
 from django_idempotent_tasks import signals
@@ -376,3 +377,138 @@ def returns(self: Any, kind: str) -> Any:
     effect(self, kind)
     receipt = Receipt(7)
     return {"dataclass": receipt, "set": {1, 2}, "fixed": dataclasses.asdict(receipt)}[kind]
+
+
+# tests/test_guarantee.py: the holes of issue 25.
+
+
+def nested(depth: int) -> Any:
+    """A list nested ``depth`` levels deep."""
+    value: Any = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def deep_result(self: Any, depth: int) -> Any:
+    """Returns a list nested ``depth`` levels."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return nested(depth)
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def deep_step(self: Any, depth: int) -> Any:
+    """A step returns a list nested ``depth`` levels."""
+
+    def step() -> Any:
+        control().incr(f"calls:{self.idempotency.key}")
+        return nested(depth)
+
+    return self.idempotency.step("deep", step)
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def tuple_default(self: Any, value: int, sizes: tuple[Any, ...] = (1, (2, 3))) -> dict[str, Any]:
+    """A tuple default: passed explicitly, it arrives from the broker as a list."""
+    return effect(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True, atomic=True)
+def breaks_its_transaction(self: Any) -> dict[str, Any]:
+    """An atomic body that catches an IntegrityError and goes on: its transaction is broken."""
+    result = effect(self, "broken")
+    record = IdempotencyRecord.objects.get(key=self.idempotency.key)
+    with contextlib.suppress(IntegrityError):
+        IdempotencyRecord.objects.create(scope=record.scope, key=record.key, task_name="duplicate")
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def leaves_autocommit_off(self: Any) -> dict[str, Any]:
+    """A non-atomic body that turns autocommit off and returns without committing."""
+    transaction.set_autocommit(False)
+    return effect(self, "uncommitted")
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def meets_a_busy_sqlite(self: Any, hold: float) -> dict[str, Any]:
+    """On SQLite: another writer takes the write lock as the body ends and keeps it ``hold`` seconds."""
+    import sqlite3
+    import threading
+
+    from django.db import connection
+
+    result = effect(self, "busy")
+    taken = threading.Event()
+
+    def writer() -> None:
+        other = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        other.execute("BEGIN IMMEDIATE")
+        taken.set()
+        time.sleep(hold)
+        other.execute("COMMIT")
+        other.close()
+
+    threading.Thread(target=writer, daemon=True).start()
+    taken.wait()
+    return result
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=2, ignore_result=True)
+def pauses_between_steps(self: Any, sleep: float) -> Any:
+    """Two steps, ``sleep`` seconds apart: the test pauses the process between them."""
+    key = self.idempotency.key
+    self.idempotency.step("one", lambda: "one")
+    control().set(f"between:{key}", os.getpid())
+    time.sleep(sleep)
+
+    def second() -> str:
+        control().rpush(f"second:{key}", self.idempotency.fence)
+        return "two"
+
+    return self.idempotency.step("two", second)
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=3, on_conflict="raise", ignore_result=True)
+def raising_short_lease(self: Any, value: Any) -> dict[str, Any]:
+    """on_conflict="raise" with a 3 s lease: its killed holder's lock and lease run out soon."""
+    return effect(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True)
+def plain_result(self: Any, value: Any) -> dict[str, Any]:
+    """tests/test_ambiguous_commit.py: one external call, a plain result."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return {"value": value}
+
+
+@shared_task(base=IdempotentTask, bind=True, atomic=True)
+def atomic_plain_result(self: Any, value: Any) -> dict[str, Any]:
+    """tests/test_ambiguous_commit.py: the same in atomic mode."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return {"value": value}
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=1, on_conflict="raise")
+def renewal_blocked(self: Any, hold: float) -> Any:
+    """Another transaction locks this key's record for ``hold`` seconds: no renewal can pass."""
+    import threading
+
+    from django.db import connection
+
+    key = self.idempotency.key
+    locked = threading.Event()
+
+    def holder() -> None:
+        with transaction.atomic():
+            list(IdempotencyRecord.objects.select_for_update().filter(key=key))
+            locked.set()
+            time.sleep(hold)
+        connection.close()
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    locked.wait()
+    thread.join()
+    return self.idempotency.step("after", lambda: control().incr(f"calls:{key}"))
