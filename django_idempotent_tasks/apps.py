@@ -12,7 +12,9 @@ class IdempotentTasksConfig(AppConfig):
     def ready(self) -> None:
         from django.core.checks import Tags, register
 
-        from django_idempotent_tasks import celery_checks, checks
+        from django_idempotent_tasks import canvas, celery_checks, checks
+
+        canvas.install()
 
         tag = checks.TAG
         register(checks.check_settings, tag)

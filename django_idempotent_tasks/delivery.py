@@ -45,7 +45,7 @@ class Delivery:
     atomic: bool
     max_attempts: int
     max_result_bytes: int
-    eager: bool
+    no_broker: bool  # nothing can re-queue it (apply(), a direct call, @idempotent): it waits or raises
 
     @property
     def label(self) -> str:
@@ -89,14 +89,14 @@ def deliver(delivery: Delivery, body: Body) -> Outcome:
 
 
 def conflict_action(delivery: Delivery) -> str:
-    """The on_conflict action for a held key (an eager call has no broker: it waits), signalled."""
-    action = "wait" if delivery.eager and delivery.on_conflict == "retry" else delivery.on_conflict
+    """The on_conflict action for a held key (with no broker to re-queue to, it waits), signalled."""
+    action = "wait" if delivery.no_broker and delivery.on_conflict == "retry" else delivery.on_conflict
     delivery.send(signals.lock_conflict, action=action)
     return action
 
 
 def connection_lost(delivery: Delivery, exc: OperationalError | InterfaceError) -> Requeue:
-    """A broken database connection: re-queue the delivery (an eager call raises), or the body's own error."""
+    """A broken database connection: re-queue the delivery (with no broker, raise), or the body's own error."""
     if exc is _body_error.get():
         raise exc  # the body's own error (deadlock, lock timeout): its retry policy decides
     # The connection broke (backend terminated, server restarted): whatever ran under it rolled
@@ -105,7 +105,7 @@ def connection_lost(delivery: Delivery, exc: OperationalError | InterfaceError) 
     logger.warning("%s lost its database connection: %r; sending it again.", delivery.label, exc)
     with contextlib.suppress(DatabaseError):
         connections[store.database()].close()
-    if delivery.eager:
+    if delivery.no_broker:
         raise exc
     return Requeue("the database connection was lost")
 
@@ -170,15 +170,15 @@ def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
 def acquire(delivery: Delivery, lock: RedisLock) -> bool:
     """Take the Redis lock (True); raises Held if another delivery has it.
 
-    When Redis cannot be asked, a worker re-queues the delivery; an eager call has nobody to
-    re-queue it and goes on under the database lease alone (False).
+    When Redis cannot be asked, a worker re-queues the delivery; with no broker to re-queue it to,
+    it goes on under the database lease alone (False).
     """
     try:
         if lock.acquire():
             return True
     except RedisError as exc:
         logger.warning("%s could not ask Redis for its lock: %r.", delivery.label, exc)
-        if delivery.eager:
+        if delivery.no_broker:
             return False
         raise LockUnavailable from exc
     raise Held
@@ -210,8 +210,8 @@ def run_claimed(
     try:
         if delivery.atomic:
             with transaction.atomic(using=store.database()):
-                return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
-        return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
+                return finish(delivery, claim, call_body(body, idempotency), heartbeat)
+        return finish(delivery, claim, call_body(body, idempotency), heartbeat)
     except LeaseLost:
         return lease_lost(delivery, claim)
     except BaseException as exc:
@@ -241,7 +241,7 @@ def call_body(body: Body, idempotency: Idempotency) -> Any:
         raise
 
 
-def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartbeat) -> Any:
+def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartbeat) -> Completed:
     """Fenced completion; raises LeaseLost (rolling back an atomic body) if the fence moved on."""
     stored, problem = values.encode_result(value, delivery.max_result_bytes)
     if problem is None:
@@ -272,7 +272,7 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
         )
     else:
         delivery.send(signals.task_completed, fence=claim.fence)
-    return stored
+    return Completed(stored, problem)
 
 
 def lease_lost(delivery: Delivery, claim: store.Claim) -> Replayed:

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from django_idempotent_tasks.contrib import prometheus
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.testapp import tasks
+from tests.testapp import functions, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 BODY_SLEEP = 1.0  # seconds the body sleeps while another "delivery" takes its lease over
@@ -89,3 +89,11 @@ def test_connect_is_idempotent_and_disconnect_stops_counting(registry: Collector
     prometheus.connect(registry)
     run(tasks.raising_conflict, 0, key="m-6")
     assert value(registry, "replays", task=tasks.raising_conflict.name) == 1
+
+
+def test_a_functions_replays_and_claims_are_counted(registry: CollectorRegistry) -> None:
+    name = functions.raising_conflict.idempotent.name
+    functions.raising_conflict(0, idempotency_key="m-f")
+    functions.raising_conflict(0, idempotency_key="m-f")
+    assert value(registry, "replays", task=name) == 1
+    assert name == "tests.testapp.functions.raising_conflict"
