@@ -7,7 +7,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +15,8 @@ from redis.exceptions import RedisError
 
 from django_idempotent_tasks import keys, logs, signals, store, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyKeyMismatch, LeaseLost
-from django_idempotent_tasks.heartbeat import Heartbeat, held_write, renew
 from django_idempotent_tasks.idempotency import Idempotency, running
+from django_idempotent_tasks.lease import Lease
 from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.outcomes import Busy, Completed, Outcome, Replayed, Requeue
@@ -26,7 +25,6 @@ from django_idempotent_tasks.values import UnstorableValue
 logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
 Body = Callable[[Idempotency], Any]
-_body_error: ContextVar[BaseException | None] = ContextVar("idempotency_body_error", default=None)
 
 
 @dataclass(frozen=True)
@@ -55,6 +53,13 @@ class Delivery:
         signal.send(sender=self.sender, key=self.key, scope=self.scope, **kwargs)
 
 
+@dataclass
+class Progress:
+    """What one ``deliver()`` call has learnt so far: state of this delivery alone."""
+
+    body_error: BaseException | None = None  # what the body raised: its own error, not a lost connection
+
+
 class Held(Exception):
     """Another delivery holds the key (its Redis lock or its live lease)."""
 
@@ -65,18 +70,19 @@ class LockUnavailable(Exception):
 
 def deliver(delivery: Delivery, body: Body) -> Outcome:
     """Run ``body`` at most once concurrently per key; say what happened, or raise the body's error."""
-    logs.begin(delivery)
+    logs.begin(delivery.task_id, delivery.scope, delivery.key)
+    progress = Progress()
     deadline: float | None = None
     pause = 0.05
     while True:
         try:
-            return attempt(delivery, body)
+            return attempt(delivery, body, progress)
         except Held:
             action = conflict_action(delivery)
         except LockUnavailable:
             return Requeue("Redis could not be asked for the lock")
         except (OperationalError, InterfaceError) as exc:
-            return connection_lost(delivery, exc)
+            return connection_lost(delivery, exc, progress)
         logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
         if action != "wait":
             return Busy(action, f"{delivery.label} is being executed by another delivery.")
@@ -95,9 +101,11 @@ def conflict_action(delivery: Delivery) -> str:
     return action
 
 
-def connection_lost(delivery: Delivery, exc: OperationalError | InterfaceError) -> Requeue:
+def connection_lost(
+    delivery: Delivery, exc: OperationalError | InterfaceError, progress: Progress
+) -> Requeue:
     """A broken database connection: re-queue the delivery (with no broker, raise), or the body's own error."""
-    if exc is _body_error.get():
+    if exc is progress.body_error:
         raise exc  # the body's own error (deadlock, lock timeout): its retry policy decides
     # The connection broke (backend terminated, server restarted): whatever ran under it rolled
     # back, so send the delivery again instead of acking it as a failure. Close the broken
@@ -110,7 +118,7 @@ def connection_lost(delivery: Delivery, exc: OperationalError | InterfaceError) 
     return Requeue("the database connection was lost")
 
 
-def attempt(delivery: Delivery, body: Body) -> Replayed | Completed:
+def attempt(delivery: Delivery, body: Body, progress: Progress) -> Replayed | Completed:
     """One pass of the lifecycle; raises Held when another delivery holds the key."""
     record = store.lookup(delivery.scope, delivery.key)
     if record is not None:
@@ -123,7 +131,7 @@ def attempt(delivery: Delivery, body: Body) -> Replayed | Completed:
         claim = claim_record(delivery, record)
         if claim is None:
             raise Held
-        return run_claimed(delivery, claim, body, lock if held else None)
+        return run_claimed(delivery, claim, body, lock if held else None, progress)
     finally:
         if held:
             release(delivery, lock)
@@ -193,7 +201,7 @@ def release(delivery: Delivery, lock: RedisLock) -> None:
 
 
 def run_claimed(
-    delivery: Delivery, claim: store.Claim, body: Body, lock: RedisLock | None
+    delivery: Delivery, claim: store.Claim, body: Body, lock: RedisLock | None, progress: Progress
 ) -> Replayed | Completed:
     """Run the body under a claimed lease, renewed in the background, and store the outcome."""
     delivery.send(signals.task_claimed, fence=claim.fence, attempt=claim.attempt, recovered=claim.recovered)
@@ -201,31 +209,31 @@ def run_claimed(
         logger.warning(
             "%s: an earlier attempt died mid-body; attempt %d takes over.", delivery.label, claim.attempt
         )
-    heartbeat = Heartbeat(delivery.lock_ttl / 3, lambda: renew(delivery, claim, lock, heartbeat))
-    heartbeat.lease_until = time.monotonic() + delivery.lock_ttl
-    idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes, heartbeat.lost)
-    logs.follow(heartbeat)
-    heartbeat.begin()
+    lease = Lease(
+        claim, lock, label=delivery.label, ttl=delivery.lock_ttl, atomic=delivery.atomic, send=delivery.send
+    )
+    idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes, lease.lost)
+    lease.begin()
     token = running.set(idempotency)
     try:
         if delivery.atomic:
             with transaction.atomic(using=store.database()):
-                return finish(delivery, claim, call_body(body, idempotency), heartbeat)
-        return finish(delivery, claim, call_body(body, idempotency), heartbeat)
+                return finish(delivery, lease, call_body(body, idempotency, progress))
+        return finish(delivery, lease, call_body(body, idempotency, progress))
     except LeaseLost:
         return lease_lost(delivery, claim)
     except BaseException as exc:
-        if exc is not _body_error.get():
+        if exc is not progress.body_error:
             raise  # the completion's own failure is never "the body failed"
-        heartbeat.completing.set()  # the failure write ends the lease: not a lost lease
-        record_failure(delivery, claim, exc, heartbeat)
+        lease.completing.set()  # the failure write ends the lease: not a lost lease
+        record_failure(delivery, lease, exc)
         raise
     finally:
-        heartbeat.stop()
+        lease.end()
         running.reset(token)
 
 
-def call_body(body: Body, idempotency: Idempotency) -> Any:
+def call_body(body: Body, idempotency: Idempotency, progress: Progress) -> Any:
     """Run the body, remembering what it raised: its database errors are its own, not a lost connection."""
     connection = store.raw_connection()
     try:
@@ -234,22 +242,21 @@ def call_body(body: Body, idempotency: Idempotency) -> Any:
         # A deadlock or a timeout on a working connection is the body's; a dead connection is not:
         # the delivery is sent again and the next holder takes the key over, recovered.
         if store.connection_works(since=connection):
-            _body_error.set(exc)
+            progress.body_error = exc
         raise
     except BaseException as exc:
-        _body_error.set(exc)
+        progress.body_error = exc
         raise
 
 
-def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartbeat) -> Completed:
+def finish(delivery: Delivery, lease: Lease, value: Any) -> Completed:
     """Fenced completion; raises LeaseLost (rolling back an atomic body) if the fence moved on."""
+    claim = lease.claim
     stored, problem = values.encode_result(value, delivery.max_result_bytes)
     if problem is None:
         try:
-            heartbeat.completing.set()
-            done = held_write(
-                delivery, heartbeat, lambda: store.complete(claim, stored, None, delivery.record_ttl)
-            )
+            lease.completing.set()
+            done = lease.write(lambda: store.complete(claim, stored, None, delivery.record_ttl))
         except (OperationalError, InterfaceError):
             raise  # the connection, not the value: nothing was written
         except DatabaseError as exc:  # refused for a reason we did not foresee: still done, loudly
@@ -259,10 +266,8 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
         delivery.send(signals.result_unstorable, reason=problem)
         logger.error("%s succeeded but its result cannot be stored: %s", delivery.label, problem)
         error = values.error_shape("UnstorableResult", problem)
-        done = held_write(
-            delivery, heartbeat, lambda: store.complete(claim, None, error, delivery.record_ttl)
-        )
-    heartbeat.stop()
+        done = lease.write(lambda: store.complete(claim, None, error, delivery.record_ttl))
+    lease.end()
     if not done:
         raise LeaseLost(f"{delivery.label} lost its lease (fence {claim.fence}) before completing.")
     if delivery.atomic:  # the completion commits with the body's transaction: tell receivers after it
@@ -287,13 +292,14 @@ def lease_lost(delivery: Delivery, claim: store.Claim) -> Replayed:
     raise Held
 
 
-def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException, heartbeat: Heartbeat) -> None:
+def record_failure(delivery: Delivery, lease: Lease, exc: BaseException) -> None:
     cause = getattr(exc, "exc", None) or exc  # celery's Retry wraps the real error
     # A value the database refuses was already computed by a step: running the body again would
     # repeat that step, so the key fails for good.
     for_good = delivery.max_attempts if isinstance(cause, UnstorableValue) else None
     error = values.describe_error(cause)
-    if held_write(delivery, heartbeat, lambda: store.fail(claim, error, for_good_after=for_good)):
+    claim = lease.claim
+    if lease.write(lambda: store.fail(claim, error, for_good_after=for_good)):
         delivery.send(signals.task_failed, fence=claim.fence, exc=cause)
         logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)
     else:

@@ -7,14 +7,11 @@ import hashlib
 import logging
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from celery import signals as celery_signals
 
 from django_idempotent_tasks import signals
-
-if TYPE_CHECKING:
-    from django_idempotent_tasks.delivery import Delivery
 
 LOGGER = "django_idempotent_tasks"
 #: The attributes every record of the package's logger carries (None outside a delivery).
@@ -52,9 +49,9 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def begin(delivery: Delivery) -> None:
+def begin(task_id: str, scope: str, key: str) -> None:
     """Start the log context of a delivery (called first thing in ``deliver()``)."""
-    current.set(LogContext(delivery.task_id, delivery.scope, key_hash(delivery.key)))
+    current.set(LogContext(task_id, scope, key_hash(key)))
 
 
 def follow(heartbeat: threading.Thread) -> None:
