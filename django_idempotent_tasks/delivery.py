@@ -50,6 +50,7 @@ class Delivery:
         return f"{self.task_name}[{keys.loggable(self.key)}]"
 
     def send(self, signal: Any, **kwargs: Any) -> None:
+        logs.note(signal, **kwargs)  # first: the log lines about it carry the outcome
         signal.send(sender=self.sender, key=self.key, scope=self.scope, **kwargs)
 
 
@@ -70,7 +71,15 @@ class LockUnavailable(Exception):
 
 def deliver(delivery: Delivery, body: Body) -> Outcome:
     """Run ``body`` at most once concurrently per key; say what happened, or raise the body's error."""
-    logs.begin(delivery.task_id, delivery.scope, delivery.key)
+    token = logs.enter(delivery.task_id, delivery.scope, delivery.key)
+    try:
+        return lifecycle(delivery, body)
+    finally:
+        logs.leave(token)
+
+
+def lifecycle(delivery: Delivery, body: Body) -> Outcome:
+    """Attempt the delivery until it is done, waits out a conflict, or must be sent again."""
     progress = Progress()
     deadline: float | None = None
     pause = 0.05
@@ -159,7 +168,7 @@ def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
             "before with different arguments. Use a new key for new work."
         )
     if record.status == Status.SUCCEEDED:
-        delivery.send(signals.task_replayed)  # first: it sets the outcome the log line carries
+        delivery.send(signals.task_replayed)
         logger.info("%s already succeeded; replaying the stored result.", delivery.label)
         return Replayed(record.result)
     # Whether a lease is live is decided by the claim's SQL on the database clock, not here.
