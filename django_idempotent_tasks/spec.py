@@ -168,7 +168,7 @@ def build(owner: str, name: str, run: Callable[..., Any], options: TaskOptions, 
 def for_task(task_class: Any, options: TaskOptions) -> Spec:
     """The spec of an ``IdempotentTask`` class being bound (``on_bound``)."""
     run = task_class.run
-    if not isinstance(inspect.getattr_static(task_class, "run"), staticmethod):
+    if inspect.isfunction(run) and not isinstance(inspect.getattr_static(task_class, "run"), staticmethod):
         run = run.__get__(object())  # a method: callers never pass ``self``
     return build(f"Idempotent task {task_class.name!r}", task_class.name, run, options, "task")
 
