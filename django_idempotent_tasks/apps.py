@@ -12,7 +12,10 @@ class IdempotentTasksConfig(AppConfig):
     def ready(self) -> None:
         from django.core.checks import Tags, register
 
-        from django_idempotent_tasks import celery_checks, checks
+        from django_idempotent_tasks import canvas, celery_checks, checks, logs
+
+        canvas.install()
+        logs.install()
 
         tag = checks.TAG
         register(checks.check_settings, tag)

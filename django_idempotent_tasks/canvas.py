@@ -10,8 +10,8 @@ from celery import canvas
 
 from django_idempotent_tasks import compat, keys
 from django_idempotent_tasks.options import is_idempotent
+from django_idempotent_tasks.spec import KEY_ARGUMENT, Call
 
-KEY_ARGUMENT = "idempotency_key"
 PER_TASK_OPTIONS = frozenset(
     {KEY_ARGUMENT, "idempotency_scope", "lock_ttl", "record_ttl", "on_conflict", "atomic", "max_attempts"}
 )
@@ -73,13 +73,24 @@ def check_member(
 ) -> None:
     """Raise what a worker would refuse in one member; ``partial``: a parent's result comes first."""
     if not partial:
-        task._keyed(args, kwargs, options)
+        checked(task, args, kwargs, options)
     elif (error := per_call_error(task.name, options)) is not None:
         raise error
     elif kwargs.get(KEY_ARGUMENT) is not None:
         keys.validate_key(kwargs[KEY_ARGUMENT])
     elif task.idempotency_options.key_source is None:
         raise keys.missing_key_error(task.name)
+
+
+def checked(
+    task: Any, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: Mapping[str, Any]
+) -> Call:
+    """One message of ``task``, checked as a worker will check it; raises on misuse."""
+    error = per_call_error(task.name, options)
+    if error is not None:
+        raise error
+    check_callbacks(options)
+    return task.idempotency_spec.prepare(args or (), kwargs or {})  # type: ignore[no-any-return]
 
 
 def check_callbacks(options: Mapping[str, Any]) -> None:

@@ -7,7 +7,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,8 +16,8 @@ from redis.exceptions import RedisError
 
 from django_idempotent_tasks import keys, logs, outages, signals, store, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyKeyMismatch, LeaseLost
-from django_idempotent_tasks.heartbeat import Heartbeat, held_write, renew
 from django_idempotent_tasks.idempotency import Idempotency, running
+from django_idempotent_tasks.lease import Lease
 from django_idempotent_tasks.locks import RedisLock, lock_client, worker_identity
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.outcomes import Busy, Completed, Outcome, Replayed, Requeue
@@ -27,7 +26,6 @@ from django_idempotent_tasks.values import UnstorableValue
 logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
 Body = Callable[[Idempotency], Any]
-_body_error: ContextVar[BaseException | None] = ContextVar("idempotency_body_error", default=None)
 
 
 @dataclass(frozen=True)
@@ -46,14 +44,22 @@ class Delivery:
     atomic: bool
     max_attempts: int
     max_result_bytes: int
-    eager: bool
+    no_broker: bool  # nothing can re-queue it (apply(), a direct call, @idempotent): it waits or raises
 
     @property
     def label(self) -> str:
         return f"{self.task_name}[{keys.loggable(self.key)}]"
 
     def send(self, signal: Any, **kwargs: Any) -> None:
+        logs.note(signal, **kwargs)  # first: the log lines about it carry the outcome
         signal.send(sender=self.sender, key=self.key, scope=self.scope, **kwargs)
+
+
+@dataclass
+class Progress:
+    """What one ``deliver()`` call has learnt so far: state of this delivery alone."""
+
+    body_error: BaseException | None = None  # what the body raised: its own error, not a lost connection
 
 
 class Held(Exception):
@@ -66,18 +72,27 @@ class LockUnavailable(Exception):
 
 def deliver(delivery: Delivery, body: Body) -> Outcome:
     """Run ``body`` at most once concurrently per key; say what happened, or raise the body's error."""
-    logs.begin(delivery)
+    token = logs.enter(delivery.task_id, delivery.scope, delivery.key)
+    try:
+        return lifecycle(delivery, body)
+    finally:
+        logs.leave(token)
+
+
+def lifecycle(delivery: Delivery, body: Body) -> Outcome:
+    """Attempt the delivery until it is done, waits out a conflict, or must be sent again."""
+    progress = Progress()
     deadline: float | None = None
     pause = 0.05
     while True:
         try:
-            return attempt(delivery, body)
+            return attempt(delivery, body, progress)
         except Held:
             action = conflict_action(delivery)
         except LockUnavailable:
             return Requeue("Redis could not be asked for the lock")
         except (OperationalError, InterfaceError) as exc:
-            return connection_lost(delivery, exc)
+            return connection_lost(delivery, exc, progress)
         logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
         if action != "wait":
             return Busy(action, f"{delivery.label} is being executed by another delivery.")
@@ -90,19 +105,21 @@ def deliver(delivery: Delivery, body: Body) -> Outcome:
 
 
 def conflict_action(delivery: Delivery) -> str:
-    """The on_conflict action for a held key (an eager call has no broker: it waits), signalled."""
-    action = "wait" if delivery.eager and delivery.on_conflict == "retry" else delivery.on_conflict
-    # Issue #25, hole 2: "raise" answers only for a live holder. A lock without one (the holder
+    """The on_conflict action for a held key (with no broker to re-queue to, it waits), signalled."""
+    action = "wait" if delivery.no_broker and delivery.on_conflict == "retry" else delivery.on_conflict
+    # "raise" answers only for a live holder (issue #25, hole 2). A lock without one (the holder
     # died; or it was this very message, which the broker gave back) is waited out, or re-queued.
     if action == "raise" and not store.held_by_another(delivery.scope, delivery.key, delivery.task_id):
-        action = "wait" if delivery.eager else "retry"
+        action = "wait" if delivery.no_broker else "retry"
     delivery.send(signals.lock_conflict, action=action)
     return action
 
 
-def connection_lost(delivery: Delivery, exc: OperationalError | InterfaceError) -> Requeue:
-    """A broken database connection: re-queue the delivery (an eager call raises), or the body's own error."""
-    if exc is _body_error.get():
+def connection_lost(
+    delivery: Delivery, exc: OperationalError | InterfaceError, progress: Progress
+) -> Requeue:
+    """A broken database connection: re-queue the delivery (with no broker, raise), or the body's own error."""
+    if exc is progress.body_error:
         raise exc  # the body's own error (deadlock, lock timeout): its retry policy decides
     # The connection broke (backend terminated, server restarted): whatever ran under it rolled
     # back, so send the delivery again instead of acking it as a failure. Close the broken
@@ -110,13 +127,13 @@ def connection_lost(delivery: Delivery, exc: OperationalError | InterfaceError) 
     logger.warning("%s lost its database connection: %r; sending it again.", delivery.label, exc)
     with contextlib.suppress(DatabaseError):
         connections[store.database()].close()
-    if delivery.eager:
+    if delivery.no_broker:
         raise exc
     outages.connection_failed(delivery, exc)
     return Requeue("the database connection was lost")
 
 
-def attempt(delivery: Delivery, body: Body) -> Replayed | Completed:
+def attempt(delivery: Delivery, body: Body, progress: Progress) -> Replayed | Completed:
     """One pass of the lifecycle; raises Held when another delivery holds the key."""
     record = store.lookup(delivery.scope, delivery.key)
     if record is not None:
@@ -129,7 +146,7 @@ def attempt(delivery: Delivery, body: Body) -> Replayed | Completed:
         claim = claim_record(delivery, record)
         if claim is None:
             raise Held
-        return run_claimed(delivery, claim, body, lock if held else None)
+        return run_claimed(delivery, claim, body, lock if held else None, progress)
     finally:
         if held:
             release(delivery, lock)
@@ -157,7 +174,7 @@ def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
             "before with different arguments. Use a new key for new work."
         )
     if record.status == Status.SUCCEEDED:
-        delivery.send(signals.task_replayed)  # first: it sets the outcome the log line carries
+        delivery.send(signals.task_replayed)
         logger.info("%s already succeeded; replaying the stored result.", delivery.label)
         return Replayed(record.result)
     # Whether a lease is live is decided by the claim's SQL on the database clock, not here.
@@ -176,15 +193,15 @@ def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
 def acquire(delivery: Delivery, lock: RedisLock) -> bool:
     """Take the Redis lock (True); raises Held if another delivery has it.
 
-    When Redis cannot be asked, a worker re-queues the delivery; an eager call has nobody to
-    re-queue it and goes on under the database lease alone (False).
+    When Redis cannot be asked, a worker re-queues the delivery; with no broker to re-queue it to,
+    it goes on under the database lease alone (False).
     """
     try:
         if lock.acquire():
             return True
     except RedisError as exc:
         logger.warning("%s could not ask Redis for its lock: %r.", delivery.label, exc)
-        if delivery.eager:
+        if delivery.no_broker:
             return False
         raise LockUnavailable from exc
     raise Held
@@ -199,7 +216,7 @@ def release(delivery: Delivery, lock: RedisLock) -> None:
 
 
 def run_claimed(
-    delivery: Delivery, claim: store.Claim, body: Body, lock: RedisLock | None
+    delivery: Delivery, claim: store.Claim, body: Body, lock: RedisLock | None, progress: Progress
 ) -> Replayed | Completed:
     """Run the body under a claimed lease, renewed in the background, and store the outcome."""
     delivery.send(signals.task_claimed, fence=claim.fence, attempt=claim.attempt, recovered=claim.recovered)
@@ -207,40 +224,41 @@ def run_claimed(
         logger.warning(
             "%s: an earlier attempt died mid-body; attempt %d takes over.", delivery.label, claim.attempt
         )
-    heartbeat = Heartbeat(delivery.lock_ttl / 3, lambda: renew(delivery, claim, lock, heartbeat))
-    heartbeat.lease_until = time.monotonic() + delivery.lock_ttl
-    idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes, heartbeat.lost)
-    logs.follow(heartbeat)
-    heartbeat.begin()
+    lease = Lease(
+        claim, lock, label=delivery.label, ttl=delivery.lock_ttl, atomic=delivery.atomic, send=delivery.send
+    )
+    idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes, lease.lost)
+    lease.begin()
     token = running.set(idempotency)
     try:
         if delivery.atomic:
             completed: Completed | None = None
             try:
                 with transaction.atomic(using=store.database()):
-                    completed = Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
+                    completed = finish(delivery, lease, call_body(body, idempotency, progress))
             except (OperationalError, InterfaceError):
-                # Issue #25, hole 10: the COMMIT's reply was lost. Read the record at our claim token:
-                # if the completion committed, this delivery is done (its on_commit signal was dropped).
+                # The COMMIT's reply was lost (issue #25, hole 10). Read the record at our claim
+                # token: if the completion committed, this delivery is done (its on_commit signal
+                # was dropped with the connection).
                 if completed is None or not store.committed(claim):
                     raise
                 delivery.send(signals.task_completed, fence=claim.fence)
             return completed
-        return Completed(finish(delivery, claim, call_body(body, idempotency), heartbeat))
+        return finish(delivery, lease, call_body(body, idempotency, progress))
     except LeaseLost:
         return lease_lost(delivery, claim)
     except BaseException as exc:
-        if exc is not _body_error.get():
+        if exc is not progress.body_error:
             raise  # the completion's own failure is never "the body failed"
-        heartbeat.completing.set()  # the failure write ends the lease: not a lost lease
-        record_failure(delivery, claim, exc, heartbeat)
+        lease.completing.set()  # the failure write ends the lease: not a lost lease
+        record_failure(delivery, lease, exc)
         raise
     finally:
-        heartbeat.stop()
+        lease.end()
         running.reset(token)
 
 
-def call_body(body: Body, idempotency: Idempotency) -> Any:
+def call_body(body: Body, idempotency: Idempotency, progress: Progress) -> Any:
     """Run the body, remembering what it raised: its database errors are its own, not a lost connection."""
     connection = store.raw_connection()
     autocommit = not store.in_transaction()
@@ -256,22 +274,21 @@ def call_body(body: Body, idempotency: Idempotency) -> Any:
         # A deadlock or a timeout on a working connection is the body's; a dead connection is not:
         # the delivery is sent again and the next holder takes the key over, recovered.
         if store.connection_works(since=connection):
-            _body_error.set(exc)
+            progress.body_error = exc
         raise
     except BaseException as exc:
-        _body_error.set(exc)
+        progress.body_error = exc
         raise
 
 
-def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartbeat) -> Any:
+def finish(delivery: Delivery, lease: Lease, value: Any) -> Completed:
     """Fenced completion; raises LeaseLost (rolling back an atomic body) if the fence moved on."""
+    claim = lease.claim
     stored, problem = values.encode_result(value, delivery.max_result_bytes)
     if problem is None:
         try:
-            heartbeat.completing.set()
-            done = held_write(
-                delivery, heartbeat, lambda: store.complete(claim, stored, None, delivery.record_ttl)
-            )
+            lease.completing.set()
+            done = lease.write(lambda: store.complete(claim, stored, None, delivery.record_ttl))
         except (OperationalError, InterfaceError):
             raise  # the connection, not the value: nothing was written
         except DatabaseError as exc:  # refused for a reason we did not foresee: still done, loudly
@@ -281,10 +298,8 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
         delivery.send(signals.result_unstorable, reason=problem)
         logger.error("%s succeeded but its result cannot be stored: %s", delivery.label, problem)
         error = values.error_shape("UnstorableResult", problem)
-        done = held_write(
-            delivery, heartbeat, lambda: store.complete(claim, None, error, delivery.record_ttl)
-        )
-    heartbeat.stop()
+        done = lease.write(lambda: store.complete(claim, None, error, delivery.record_ttl))
+    lease.end()
     if not done:
         raise LeaseLost(f"{delivery.label} lost its lease (fence {claim.fence}) before completing.")
     if delivery.atomic:  # the completion commits with the body's transaction: tell receivers after it
@@ -294,7 +309,7 @@ def finish(delivery: Delivery, claim: store.Claim, value: Any, heartbeat: Heartb
         )
     else:
         delivery.send(signals.task_completed, fence=claim.fence)
-    return stored
+    return Completed(stored, problem)
 
 
 def lease_lost(delivery: Delivery, claim: store.Claim) -> Replayed:
@@ -310,13 +325,14 @@ def lease_lost(delivery: Delivery, claim: store.Claim) -> Replayed:
     raise Held
 
 
-def record_failure(delivery: Delivery, claim: store.Claim, exc: BaseException, heartbeat: Heartbeat) -> None:
+def record_failure(delivery: Delivery, lease: Lease, exc: BaseException) -> None:
     cause = getattr(exc, "exc", None) or exc  # celery's Retry wraps the real error
     # A value the database refuses was already computed by a step: running the body again would
     # repeat that step, so the key fails for good.
     for_good = delivery.max_attempts if isinstance(cause, UnstorableValue) else None
     error = values.describe_error(cause)
-    if held_write(delivery, heartbeat, lambda: store.fail(claim, error, for_good_after=for_good)):
+    claim = lease.claim
+    if lease.write(lambda: store.fail(claim, error, for_good_after=for_good)):
         delivery.send(signals.task_failed, fence=claim.fence, exc=cause)
         logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)
     else:

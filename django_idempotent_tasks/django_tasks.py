@@ -8,8 +8,6 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
-
 TASK_MODULES = ("django.tasks.base", "django_tasks.base")
 
 
@@ -30,16 +28,11 @@ def is_task(target: object) -> bool:
     return isinstance(target, task_classes())
 
 
-def wrap_task(task: Any, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Any:
-    """The same task with an idempotent function, whose ``enqueue()`` validates the key first."""
-    if task.takes_context:
-        raise IdempotencyConfigurationError(
-            f"@idempotent cannot wrap the task {task.module_path} yet: it takes a context "
-            "(takes_context=True), which is no JSON argument to fingerprint."
-        )
+def wrap_task(task: Any, func: Callable[..., Any]) -> Any:
+    """The same task running the idempotent ``func``, whose ``enqueue()`` validates the key first."""
     fields = {field.name: getattr(task, field.name) for field in dataclasses.fields(task)}
     cls: type = type(task)
-    return validating_class(cls)(**{**fields, "func": wrap(task.func)})
+    return validating_class(cls)(**{**fields, "func": func})
 
 
 @functools.cache
@@ -47,11 +40,11 @@ def validating_class(base: type) -> type:
     """A subclass of a ``Task`` class that checks the idempotency key before anything is stored."""
 
     def enqueue(self: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs, _ = self.func.idempotent.prepare(args, kwargs)
+        kwargs = self.func.idempotent.prepare(args, kwargs).kwargs
         return base.enqueue(self, *args, **kwargs)  # type: ignore[attr-defined]
 
     async def aenqueue(self: Any, *args: Any, **kwargs: Any) -> Any:
-        kwargs, _ = self.func.idempotent.prepare(args, kwargs)
+        kwargs = self.func.idempotent.prepare(args, kwargs).kwargs
         return await base.aenqueue(self, *args, **kwargs)  # type: ignore[attr-defined]
 
     # A module-level name per base, so that pickle (Task.__reduce__) can find the class again.

@@ -1,30 +1,16 @@
-"""The heartbeat that renews a running delivery's lease, the one scheduler thread that starts it,
-and the fenced writes that outlast a broken connection while the lease is ours."""
+"""A bare timer: calls a callback every interval off the caller's thread, in a copy of the caller's
+context, and the one scheduler thread that starts each timer once its first call is due."""
 
 from __future__ import annotations
 
-import contextlib
+import contextvars
 import heapq
 import itertools
-import logging
 import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
-from redis.exceptions import RedisError
-
-from django_idempotent_tasks import signals, store
-
-if TYPE_CHECKING:
-    from django_idempotent_tasks.delivery import Delivery
-    from django_idempotent_tasks.locks import RedisLock
-
-logger = logging.getLogger("django_idempotent_tasks")
-RECONNECT_PAUSE = 0.1  # first pause before writing again on a fresh connection; doubles up to 1 s
 
 
 class Heartbeat(threading.Thread):
@@ -32,7 +18,9 @@ class Heartbeat(threading.Thread):
 
     ``begin()`` hands it to the process's scheduler, which starts the thread only once the first
     beat is due: a body shorter than ``interval`` never pays for a thread of its own. The scheduler
-    holds it weakly: whoever begins it keeps it until it stops.
+    holds it weakly: whoever begins it keeps it until it stops. ``beat`` runs in a copy of the
+    context the heartbeat was made in (a new thread starts with an empty one), so it sees the
+    caller's context variables, such as the running delivery's log fields.
     """
 
     def __init__(self, interval: float, beat: Callable[[], bool]) -> None:
@@ -40,17 +28,16 @@ class Heartbeat(threading.Thread):
         self.interval = interval
         self.beat = beat
         self.stopping = threading.Event()
-        # Set while the completion is being written: a renewal that finds the record no longer
-        # IN_PROGRESS then is our own completion landing, not a lost lease.
-        self.completing = threading.Event()
-        self.lost = threading.Event()  # a renewal found the fence moved on: another delivery holds the key
-        self.lease_until = time.monotonic()  # by when the database lease runs out, on this process's clock
+        self.context = contextvars.copy_context()
 
     def begin(self) -> None:
         """Start beating ``interval`` seconds from now."""
         _scheduler.schedule(self)
 
     def run(self) -> None:
+        self.context.run(self.beating)
+
+    def beating(self) -> None:
         while not self.stopping.is_set() and self.beat() and not self.stopping.wait(self.interval):
             pass
 
@@ -100,68 +87,3 @@ class _Scheduler:
 
 
 _scheduler = _Scheduler()
-
-
-def held_write(delivery: Delivery, heartbeat: Heartbeat, write: Callable[[], bool]) -> bool:
-    """A fenced write; on a broken connection, reconnect and write again while the lease is ours."""
-    connection, pause, again = connections[store.database()], RECONNECT_PAUSE, False
-    while True:
-        try:
-            if not again:
-                return write()
-            # Issue #25, bounded waits: a write sent again must end before the lease does.
-            with store.bounded(heartbeat.lease_until - time.monotonic()):
-                return write()
-        except (OperationalError, InterfaceError) as exc:
-            # Issue #25, hole 6: SQLite's write lock held by another writer, not a lost connection.
-            # Waiting is safe past the lease too: the write is fenced, a take-over makes it match nothing.
-            if store.is_busy(exc) and time.monotonic() < heartbeat.lease_until + delivery.lock_ttl:
-                logger.warning("%s: the database is locked by another writer; writing again.", delivery.label)
-                time.sleep(pause)
-                pause = min(pause * 2, 1.0)
-                continue
-            # In an atomic body the transaction died with its connection: nothing is left to complete.
-            if delivery.atomic or connection.in_atomic_block or connection.is_usable():
-                raise
-            if heartbeat.lost.is_set() or time.monotonic() + pause > heartbeat.lease_until:
-                raise
-            logger.warning(
-                "%s: its database connection broke (%r); reconnecting to write again.", delivery.label, exc
-            )
-            with contextlib.suppress(DatabaseError):
-                connection.close()
-            time.sleep(pause)
-            pause, again = min(pause * 2, 1.0), True
-
-
-def renew(delivery: Delivery, claim: store.Claim, lock: RedisLock | None, heartbeat: Heartbeat) -> bool:
-    """Extend the database lease, then the Redis lock; returns False once the lease is lost."""
-    started = time.monotonic()
-    try:
-        # Issue #25, bounded waits: a renewal stuck on a row lock, a dead socket's peer or a
-        # synchronous standby gives up within one beat instead of outliving the lease.
-        with store.bounded(delivery.lock_ttl / 3):
-            renewed = store.renew(claim, delivery.lock_ttl)
-    except Exception as exc:
-        logger.warning("%s could not renew its lease: %r.", delivery.label, exc)
-        renewed = None
-        if time.monotonic() >= heartbeat.lease_until:
-            # Unrenewed past its end: another delivery may hold the key now. The body hears of it
-            # at its next step or checkpoint (LeaseLost); the fenced completion still decides.
-            renewed = False
-    finally:
-        connections.close_all()
-    if renewed is False:
-        heartbeat.lost.set()
-        if not heartbeat.completing.is_set():  # else our own completion (or failure) has landed
-            delivery.send(signals.lease_lost, fence=claim.fence)
-            logger.warning("%s lost its lease (fence %d) while running.", delivery.label, claim.fence)
-        return False
-    if renewed:
-        heartbeat.lease_until = started + delivery.lock_ttl
-    try:
-        if lock is not None and not lock.extend():
-            logger.warning("%s: its Redis lock was lost; the database lease still guards it.", delivery.label)
-    except RedisError as exc:
-        logger.warning("%s could not renew its Redis lock: %r.", delivery.label, exc)
-    return True

@@ -5,16 +5,10 @@ from __future__ import annotations
 import contextvars
 import hashlib
 import logging
-import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-from celery import signals as celery_signals
+from typing import Any
 
 from django_idempotent_tasks import signals
-
-if TYPE_CHECKING:
-    from django_idempotent_tasks.delivery import Delivery
 
 LOGGER = "django_idempotent_tasks"
 #: The attributes every record of the package's logger carries (None outside a delivery).
@@ -52,23 +46,19 @@ def key_hash(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
-def begin(delivery: Delivery) -> None:
-    """Start the log context of a delivery (called first thing in ``deliver()``)."""
-    current.set(LogContext(delivery.task_id, delivery.scope, key_hash(delivery.key)))
+def enter(task_id: str, scope: str, key: str) -> contextvars.Token[LogContext | None]:
+    """Start the log context of a delivery; ``leave()`` it with the token when the delivery ends."""
+    return current.set(LogContext(task_id, scope, key_hash(key)))
 
 
-def follow(heartbeat: threading.Thread) -> None:
-    """Let a delivery's heartbeat thread log under the delivery's context (called before it starts)."""
-    # A new thread starts with an empty context, so the heartbeat carries this one along.
-    heartbeat.idempotency_log_context = current.get()  # type: ignore[attr-defined]
+def leave(token: contextvars.Token[LogContext | None]) -> None:
+    """End the log context ``enter()`` started: lines after the delivery carry none of its fields."""
+    current.reset(token)
 
 
 def context() -> LogContext | None:
-    """The context of the delivery running in this thread (or whose heartbeat this thread is)."""
-    found = current.get()
-    if found is None:
-        found = getattr(threading.current_thread(), "idempotency_log_context", None)
-    return found
+    """The context of the delivery running in this context (a heartbeat runs in a copy of it)."""
+    return current.get()
 
 
 class ContextFilter(logging.Filter):
@@ -94,31 +84,19 @@ OUTCOMES = {
 }
 
 
-def _outcome(signal: Any, **kwargs: Any) -> None:
-    running = context()
-    if running is not None:
+def note(signal: Any, fence: int | None = None, attempt: int | None = None, **kwargs: Any) -> None:
+    """Set the outcome a delivery is about to signal on its context (a claim also sets its fence)."""
+    running = current.get()
+    if running is None:
+        return
+    if signal is signals.task_claimed:
+        running.fence, running.attempt, running.outcome = fence, attempt, "claimed"
+    else:
         running.outcome = OUTCOMES[signal]
 
 
-def _claimed(fence: int, attempt: int, **kwargs: Any) -> None:
-    running = context()
-    if running is not None:
-        running.fence, running.attempt, running.outcome = fence, attempt, "claimed"
-
-
-def _end(**kwargs: Any) -> None:
-    current.set(None)
-
-
 def install() -> None:
-    """Attach the filter to the package's logger and follow the deliveries' signals (idempotent)."""
+    """Attach the filter to the package's logger (idempotent); called by the app's ``ready()``."""
     logger = logging.getLogger(LOGGER)
     if not any(isinstance(existing, ContextFilter) for existing in logger.filters):
         logger.addFilter(ContextFilter())
-    signals.task_claimed.observe(f"{LOGGER}.logs", _claimed)
-    for signal in OUTCOMES:
-        signal.observe(f"{LOGGER}.logs", _outcome)
-    celery_signals.task_postrun.connect(_end, weak=False, dispatch_uid=f"{LOGGER}.logs")
-
-
-install()

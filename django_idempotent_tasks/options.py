@@ -15,12 +15,6 @@ from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 ON_CONFLICT_CHOICES = ("retry", "wait", "raise")
 # Every idempotent task class bound to a Celery app (filled in on_bound): what the checks look at.
 _bound: weakref.WeakKeyDictionary[type, weakref.ref[Any]] = weakref.WeakKeyDictionary()
-ASYNC_BODY = (
-    "Idempotent task {name!r} is an async def. Celery calls a task's body as a plain function and "
-    "runs coroutines only under an asyncio worker pool, so the coroutine would never be awaited and "
-    "the key would be marked done with None. Write the task as a def that runs the coroutine: "
-    "return asyncio.run(work(...))."
-)
 
 
 UNBOUND_SELF = (
@@ -142,6 +136,11 @@ def task_options(task: Any) -> TaskOptions:
     name = task.name
     values = {option: getattr(task, option) for option in TASK_OPTIONS}
     check_options(f"Idempotent task {name!r}", values)
+    return freeze(name, values)
+
+
+def freeze(name: str, values: Mapping[str, Any]) -> TaskOptions:
+    """The checked options of task or function ``name``, by their names on a task."""
     return TaskOptions(
         task_name=name,
         scope=values["idempotency_scope"] or name,

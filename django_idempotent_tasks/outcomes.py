@@ -15,9 +15,11 @@ class Replayed:
 
 @dataclass(frozen=True)
 class Completed:
-    """The body ran under this delivery's lease and was marked done: its value as stored."""
+    """The body ran under this delivery's lease and was marked done: its value as stored, and why
+    the value itself could not be stored (the key is done all the same), if it could not."""
 
     value: Any
+    unstorable: str | None = None
 
 
 @dataclass(frozen=True)

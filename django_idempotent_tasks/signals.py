@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from celery.local import Proxy
@@ -12,7 +11,10 @@ from django.dispatch import Signal
 def _task(sender: Any) -> Any:
     # shared_task hands out a proxy, but a delivery sends the task object itself: resolve the
     # proxy when connecting, as Celery's own signals do (celery.utils.dispatch.signal._make_id).
-    return sender._get_current_object() if isinstance(sender, Proxy) else sender
+    if isinstance(sender, Proxy):
+        return sender._get_current_object()
+    # An @idempotent function (or a django.tasks task around one) sends from its spec.
+    return getattr(sender, "idempotent", None) or getattr(getattr(sender, "func", None), "idempotent", sender)
 
 
 class TaskSignal(Signal):
@@ -20,18 +22,8 @@ class TaskSignal(Signal):
 
     A receiver that raises is logged (logger ``django.dispatch``) and skipped: ``send`` is
     ``send_robust``, so no receiver leaves a key IN_PROGRESS or changes a delivery's outcome.
-
-    The package's own bookkeeping (the log context) observes the signals directly rather than as a
-    receiver, so that a signal nobody connected to costs no dispatch on the delivery path.
+    A signal nobody connected to costs no dispatch on the delivery path.
     """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.observers: dict[str, Callable[..., None]] = {}
-
-    def observe(self, uid: str, observer: Callable[..., None]) -> None:
-        """Call ``observer(signal=..., sender=..., **kwargs)`` on every send, before the receivers."""
-        self.observers[uid] = observer
 
     def connect(self, receiver: Any, sender: Any = None, weak: bool = True, dispatch_uid: Any = None) -> None:
         super().connect(receiver, _task(sender), weak, dispatch_uid)
@@ -40,8 +32,6 @@ class TaskSignal(Signal):
         return super().disconnect(receiver, _task(sender), dispatch_uid)
 
     def send(self, sender: Any, **named: Any) -> list[tuple[Any, Any]]:
-        for observer in self.observers.values():
-            observer(signal=self, sender=sender, **named)
         if not self.receivers:  # nobody listens: no receiver lookup, no dispatch
             return []
         return self.send_robust(sender, **named)

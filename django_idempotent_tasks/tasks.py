@@ -15,13 +15,14 @@ from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
 from celery.worker.request import Request
 
-from django_idempotent_tasks import canvas, compat, idempotency, keys, purging, store, values
-from django_idempotent_tasks.conf import conf, conflict_countdown
+from django_idempotent_tasks import canvas, compat, idempotency, purging, spec, store, values
+from django_idempotent_tasks.conf import conflict_countdown
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress, UnstorableResult
+from django_idempotent_tasks.exceptions import TaskInProgress, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
-from django_idempotent_tasks.options import ASYNC_BODY, TaskOptions, bind_task, task_options
-from django_idempotent_tasks.outcomes import Busy, Outcome, Requeue
+from django_idempotent_tasks.options import TaskOptions, bind_task, task_options
+from django_idempotent_tasks.outcomes import Busy, Completed, Outcome, Requeue
+from django_idempotent_tasks.spec import KEY_ARGUMENT, Spec
 
 if TYPE_CHECKING:
     Base = DjangoTask[Any, Any]
@@ -38,8 +39,6 @@ class _Call:
     task_id: str | None
     sends: list[Callable[[], Any]] = field(default_factory=list)
     handed_on: Ignore | None = None
-    check_result: bool = False
-    unstorable: str | None = None
 
 
 # The calls in progress in this context, innermost last: a task's own sends wait for its release.
@@ -50,8 +49,6 @@ def _current(task: Any) -> _Call | None:
     return next((call for call in reversed(_calls.get()) if call.task is task), None)
 
 
-KEY_ARGUMENT = canvas.KEY_ARGUMENT
-canvas.install()
 CONFLICTS_HEADER = "idempotency_conflicts"  # how many times this delivery was re-queued by a conflict
 #: The stored result of a key whose body replaced itself (``self.replace``) or raised ``Ignore``.
 HANDED_ON = {"django_idempotent_tasks.handed_on": True}
@@ -81,7 +78,7 @@ class IdempotentTask(Base):
     on_conflict: ClassVar[str] = "retry"
     atomic: ClassVar[bool] = False
     max_attempts: ClassVar[int | None] = None
-    _idempotency_options: ClassVar[TaskOptions | None] = None
+    _idempotency_spec: ClassVar[Spec | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -92,63 +89,39 @@ class IdempotentTask(Base):
 
     @classmethod
     def on_bound(cls, app: Any) -> None:
-        """Validate and freeze the task's options when Celery binds it to its app."""
+        """Validate and freeze the task's options, body and key template when Celery binds it."""
         super().on_bound(app)
-        if inspect.iscoroutinefunction(cls.run) or inspect.isasyncgenfunction(cls.run):
-            raise IdempotencyConfigurationError(ASYNC_BODY.format(name=cls.name))
-        cls._idempotency_options = bind_task(cls, app)
+        cls._idempotency_spec = spec.for_task(cls, task_options(cls))
+        bind_task(cls, app)  # only a task that passed every check joins the app's bound tasks
+
+    @property
+    def idempotency_spec(self) -> Spec:
+        """The task's validated options and body, shared by every call."""
+        found = type(self).__dict__.get("_idempotency_spec")
+        if found is None:  # a subclass of a bound task, not bound itself yet
+            found = type(self)._idempotency_spec = spec.for_task(type(self), task_options(self))
+        return found
 
     @property
     def idempotency_options(self) -> TaskOptions:
         """The task's validated options (``None`` fields mean the setting)."""
-        options = type(self).__dict__.get("_idempotency_options")
-        if options is None:  # a subclass of a bound task, not bound itself yet
-            options = type(self)._idempotency_options = task_options(self)
-        return options
+        return self.idempotency_spec.options
 
     @property
     def idempotency(self) -> Idempotency:
         """The key, lease and steps of the delivery that is running now."""
-        running = idempotency.running.get()
-        if running is None:
-            raise RuntimeError("self.idempotency is only available while an idempotent task runs.")
-        return running
+        return idempotency.current()
 
     # Caller side: every way of sending validates the key before anything is sent.
 
     def resolve_key(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
         """The key of a call: the caller's ``idempotency_key=``, else the task's template or callable."""
-        if kwargs.get(KEY_ARGUMENT) is not None:
-            return keys.validate_key(kwargs[KEY_ARGUMENT])
-        source = self.idempotency_options.key_source
-        if source is None:
-            raise keys.missing_key_error(self.name)
-        body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
-        return keys.derive_key(source, self.name, self.run, args, body_kwargs)
-
-    def _keyed(
-        self, args: Sequence[Any] | None, kwargs: Mapping[str, Any] | None, options: Mapping[str, Any]
-    ) -> dict[str, Any]:
-        """The call's kwargs with its key, checked as a worker will check them; raises on misuse."""
-        error = canvas.per_call_error(self.name, options)
-        if error is not None:
-            raise error
-        canvas.check_callbacks(options)
-        kwargs = dict(kwargs or {})
-        kwargs[KEY_ARGUMENT] = self.resolve_key(args or (), kwargs)
-        try:
-            self._fingerprint(args or (), kwargs)
-        except (TypeError, ValueError) as exc:
-            raise TypeError(
-                f"The arguments of idempotent task {self.name!r} must be JSON values, so that a worker "
-                f"can fingerprint them: {exc}."
-            ) from exc
-        return kwargs
+        return self.idempotency_spec.resolve_key(args, kwargs)
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, *extra: Any, **options: Any
     ) -> Any:
-        kwargs = self._keyed(args, kwargs, options)
+        kwargs = canvas.checked(self, args, kwargs, options).kwargs
         call = _current(self)
         if call is not None and task_id is not None and task_id == call.task_id:
             # self.retry() sends while we still hold the lock: send after the release instead.
@@ -159,12 +132,13 @@ class IdempotentTask(Base):
         return super().apply_async(args, kwargs, task_id, *extra, **options)
 
     def apply(self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any) -> Any:
-        return super().apply(args, self._keyed(args, kwargs, options), *extra, **options)
+        return super().apply(args, canvas.checked(self, args, kwargs, options).kwargs, *extra, **options)
 
     def apply_async_on_commit(  # type: ignore[override]
         self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any
     ) -> None:
-        super().apply_async_on_commit(args, self._keyed(args, kwargs, options), *extra, **options)
+        kwargs = canvas.checked(self, args, kwargs, options).kwargs
+        super().apply_async_on_commit(args, kwargs, *extra, **options)
 
     def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
         self.apply_async_on_commit(args, kwargs)
@@ -172,26 +146,29 @@ class IdempotentTask(Base):
     # Worker side (also apply() and direct calls).
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        key = self.resolve_key(args, kwargs)
-        kwargs = {**kwargs, KEY_ARGUMENT: key}
+        task_spec = self.idempotency_spec
+        prepared = task_spec.prepare(args, kwargs)
         compat.push_task(self)
-        compat.push_request_keeping(self, args=args, kwargs=kwargs)
+        compat.push_request_keeping(self, args=args, kwargs=prepared.kwargs)
         request = self.request
         call = _Call(self, request.id)
         token = _calls.set((*_calls.get(), call))
         try:
-            delivery = self._delivery(key, args, kwargs)
-            call.check_result = delivery.eager
-            outcome = deliver(delivery, functools.partial(self._run_body, call, args, kwargs))
+            no_broker = bool(request.is_eager or request.called_directly or request.id is None)
+            delivery = task_spec.delivery(
+                prepared, sender=self, task_id=request.id or "", no_broker=no_broker
+            )
+            body_kwargs = task_spec.body_kwargs(prepared.kwargs)
+            outcome = deliver(delivery, functools.partial(self._run_body, call, args, body_kwargs))
         finally:
             _calls.reset(token)
             self.pop_request()
             compat.pop_task()
             for send in call.sends:
                 send()
-        return self._answer(outcome, call, request, delivery.label)
+        return self._answer(outcome, call, request, delivery)
 
-    def _answer(self, outcome: Outcome, call: _Call, request: Any, label: str) -> Any:
+    def _answer(self, outcome: Outcome, call: _Call, request: Any, delivery: Delivery) -> Any:
         """The outcome of a delivery in Celery's terms: its value, a re-queue, Ignore or TaskInProgress."""
         if isinstance(outcome, Requeue) or (isinstance(outcome, Busy) and outcome.action == "retry"):
             self._requeue(request)
@@ -199,57 +176,23 @@ class IdempotentTask(Base):
             raise TaskInProgress(outcome.message)
         if call.handed_on is not None:
             raise call.handed_on
-        if call.unstorable is not None:
-            raise UnstorableResult(f"{label} is done and will not run again, but: {call.unstorable}")
+        if isinstance(outcome, Completed) and outcome.unstorable is not None and delivery.no_broker:
+            # A worker logs it; a caller that ran it in-process hears of it (the key is done).
+            raise UnstorableResult(
+                f"{delivery.label} is done and will not run again, but: {outcome.unstorable}"
+            )
         if outcome.value == HANDED_ON:
             raise Ignore()  # a replay of a body that replaced itself or raised Ignore
         return outcome.value
 
     def _run_body(self, call: _Call, args: Sequence[Any], kwargs: dict[str, Any], _: Idempotency) -> Any:
-        if not self._accepts_key:
-            kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
         try:
-            value = self.run(*args, **kwargs)
+            return self.run(*args, **kwargs)
         except Ignore as exc:
             # self.replace() and Ignore hand the work on (or drop it) on purpose: the key is done,
             # so a redelivery must not run the body again, and Celery must still see the Ignore.
             call.handed_on = exc
             return HANDED_ON
-        if call.check_result:  # eager: say so loudly, after the key is marked done
-            call.unstorable = values.encode_result(value, conf.MAX_RESULT_BYTES)[1]
-        return value
-
-    @functools.cached_property
-    def _accepts_key(self) -> bool:
-        """The body takes ``idempotency_key`` (by name or ``**kwargs``); a task object lives per process."""
-        parameters = inspect.signature(self.run).parameters.values()
-        return any(p.name == KEY_ARGUMENT or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
-
-    def _delivery(self, key: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Delivery:
-        request, options = self.request, self.idempotency_options
-        return Delivery(
-            sender=self,
-            task_name=self.name,
-            key=key,
-            scope=options.scope,
-            fingerprint=self._fingerprint(args, kwargs),
-            task_id=request.id or "",
-            lock_ttl=options.effective_lock_ttl,
-            record_ttl=options.effective_record_ttl,
-            on_conflict=options.on_conflict,
-            atomic=options.atomic,
-            max_attempts=options.effective_max_attempts,
-            max_result_bytes=conf.MAX_RESULT_BYTES,
-            eager=bool(request.is_eager or request.called_directly or request.id is None),
-        )
-
-    def _fingerprint(self, args: Sequence[Any], kwargs: Mapping[str, Any]) -> str:
-        body_kwargs = {k: v for k, v in kwargs.items() if k != KEY_ARGUMENT}
-        try:
-            arguments = keys.passed_arguments(self.run, args, body_kwargs)
-        except TypeError:
-            return keys.fingerprint(args, body_kwargs)
-        return keys.fingerprint([], arguments)
 
     def _requeue(self, request: Any) -> NoReturn:
         """Send this delivery again after a countdown, without counting a retry, and ack this one."""

@@ -1,4 +1,6 @@
-"""Helpers for your own test suites: count body executions, and prove a task runs once per key."""
+"""Helpers for your own test suites: count body executions, and prove a task runs once per key.
+
+Each takes an idempotent Celery task, an ``@idempotent`` function or a ``django.tasks`` task."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_idempotent_tasks import signals
+from django_idempotent_tasks import signals, spec
 from django_idempotent_tasks.exceptions import TaskInProgress
 
 __all__ = ["Execution", "Executions", "assert_runs_once", "count_executions"]
@@ -65,9 +67,13 @@ class Executions:
 
 
 def _task_name(task: Any) -> str:
-    name = getattr(task, "name", None)
+    """The name a task's deliveries send their signals under (a function's: its dotted path)."""
+    found = spec.of(task)
+    name = found.name if found is not None else getattr(task, "name", None)
     if not isinstance(name, str):
-        raise TypeError(f"Expected a Celery task, got {task!r}.")
+        raise TypeError(
+            f"Expected a Celery task, an @idempotent function or a django.tasks task, got {task!r}."
+        )
     return name
 
 
@@ -99,10 +105,12 @@ def _in_transaction() -> bool:
 
 
 def _apply(task: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[bool, Any]:
-    """Run one eager delivery; returns (True, result) or (False, the exception it raised)."""
+    """Run one delivery in this process; returns (True, result) or (False, the exception it raised)."""
     try:
-        result = task.apply(args=args, kwargs=kwargs)
-        return True, result.get()
+        if hasattr(task, "apply"):  # a Celery task: an eager delivery
+            return True, task.apply(args=args, kwargs=kwargs).get()
+        # A django.tasks task runs its idempotent function, as a worker of its backend would.
+        return True, getattr(task, "func", task)(*args, **kwargs)
     except Exception as exc:
         return False, exc
 
@@ -125,6 +133,8 @@ def assert_runs_once(
     """
     if times < 1:
         raise ValueError(f"times must be at least 1, got {times}.")
+    name, found = _task_name(task), spec.of(task)
+    on_conflict = found.options.on_conflict if found is not None else getattr(task, "on_conflict", None)
     if threads and _in_transaction():
         raise RuntimeError(
             "assert_runs_once(threads=True) runs deliveries on other database connections, which cannot "
@@ -135,15 +145,16 @@ def assert_runs_once(
     outcomes: list[tuple[bool, Any]] = []
     with count_executions(task) as executions:
         if threads:
-            outcomes = _run_in_threads(task, args, call_kwargs, times, timeout)
+            outcomes = _run_in_threads(task, name, args, call_kwargs, times, timeout)
         else:
             outcomes = [_apply(task, args, call_kwargs) for _ in range(times)]
-    _check(task, key, times, executions.for_key(key), outcomes)
+    allowed: tuple[type[BaseException], ...] = (TaskInProgress,) if on_conflict == "raise" else ()
+    _check(name, allowed, key, times, executions.for_key(key), outcomes)
     return [value for ok, value in outcomes if ok]
 
 
 def _run_in_threads(
-    task: Any, args: tuple[Any, ...], kwargs: dict[str, Any], times: int, timeout: float
+    task: Any, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], times: int, timeout: float
 ) -> list[tuple[bool, Any]]:
     outcomes: list[tuple[bool, Any] | None] = [None] * times
     start = threading.Barrier(times)
@@ -164,25 +175,31 @@ def _run_in_threads(
     for worker in workers:
         worker.join(timeout)
     if any(worker.is_alive() for worker in workers):
-        raise AssertionError(f"{times} deliveries of {task.name} did not all finish within {timeout} s.")
+        raise AssertionError(f"{times} deliveries of {name} did not all finish within {timeout} s.")
     return [outcome for outcome in outcomes if outcome is not None]
 
 
-def _check(task: Any, key: str, times: int, runs: list[Execution], outcomes: list[tuple[bool, Any]]) -> None:
-    allowed: tuple[type[BaseException], ...] = (TaskInProgress,) if task.on_conflict == "raise" else ()
+def _check(
+    name: str,
+    allowed: tuple[type[BaseException], ...],
+    key: str,
+    times: int,
+    runs: list[Execution],
+    outcomes: list[tuple[bool, Any]],
+) -> None:
     errors = [value for ok, value in outcomes if not ok and not isinstance(value, allowed)]
     if len(runs) != 1:
         hint = " Was the key used before this call?" if not runs and not errors else ""
         raise AssertionError(
-            f"The body of {task.name} ran {len(runs)} times under key {key!r} in {times} deliveries, "
+            f"The body of {name} ran {len(runs)} times under key {key!r} in {times} deliveries, "
             f"expected once.{hint} Errors: {errors!r}"
         ) from (errors[0] if errors else None)
     if errors:
         raise AssertionError(
-            f"{len(errors)} of {times} deliveries of {task.name} under key {key!r} raised: {errors!r}"
+            f"{len(errors)} of {times} deliveries of {name} under key {key!r} raised: {errors!r}"
         ) from errors[0]
     results = [value for ok, value in outcomes if ok]
     if any(result != results[0] for result in results):
         raise AssertionError(
-            f"Deliveries of {task.name} under key {key!r} returned different results: {results!r}"
+            f"Deliveries of {name} under key {key!r} returned different results: {results!r}"
         )

@@ -182,7 +182,7 @@ def stale_record(function: Any, key: str, args: tuple[Any, ...], lease: timedelt
         scope=spec.scope,
         key=key,
         task_name=spec.name,
-        fingerprint=spec.fingerprint(args, {"idempotency_key": key}),
+        fingerprint=spec.prepare(args, {"idempotency_key": key}).fingerprint,
         worker="gone:1",
         started_at=now - timedelta(minutes=5),
         lease_expires_at=now + lease,
@@ -344,3 +344,28 @@ def test_the_commands_and_the_admin_cover_function_records(admin_client: Any) ->
         "purge_idempotency_records", "--task", "tests.testapp.functions.charge", stdout=io.StringIO()
     )
     assert list(IdempotencyRecord.objects.values_list("key", flat=True)) == ["kept"]
+
+
+def _charge_v1(order_id: int) -> dict[str, Any]:
+    return effect_of("v1", order_id)
+
+
+def _charge_v2(order_id: int, currency: str = "EUR") -> dict[str, Any]:
+    return effect_of("v2", order_id)
+
+
+def effect_of(release: str, order_id: int) -> dict[str, Any]:
+    Effect.objects.create(key=current().key, task=release, pid=0)
+    return {"release": release, "order_id": order_id}
+
+
+def test_a_redeploy_adding_a_defaulted_parameter_keeps_the_fingerprint() -> None:
+    # One scope for both releases: the same function, before and after the deploy.
+    before = idempotent(scope="deploy.charge")(_charge_v1)
+    after = idempotent(scope="deploy.charge")(_charge_v2)
+    assert before(7, idempotency_key="deploy-7") == {"release": "v1", "order_id": 7}
+    assert after(7, idempotency_key="deploy-7") == {"release": "v1", "order_id": 7}  # a replay
+    assert after(7, currency="EUR", idempotency_key="deploy-7") == {"release": "v1", "order_id": 7}
+    assert list(Effect.objects.values_list("task", flat=True)) == ["v1"]
+    with pytest.raises(IdempotencyKeyMismatch):
+        after(7, currency="USD", idempotency_key="deploy-7")

@@ -31,7 +31,7 @@ def next_release(worker_env: dict[str, str], transactional_db: Any) -> Iterator[
 
 def test_a_redelivery_after_a_deploy_adding_a_defaulted_parameter_runs(next_release: Worker) -> None:
     # The release before the deploy claimed the key and crashed mid-body: its lease ran out.
-    fingerprint = tasks.deployed._fingerprint((1,), {})
+    fingerprint = tasks.deployed.idempotency_spec.prepare((1,), {"idempotency_key": "in-flight"}).fingerprint
     records.stuck(
         "in-flight", scope=tasks.deployed.name, task_name=tasks.deployed.name, fingerprint=fingerprint
     )

@@ -159,13 +159,13 @@ def test_unstorable_results_still_mark_the_key_done(kind: str, reason: str, capl
 
 def stale_record(task: Any, key: str, args: tuple[Any, ...], lease: timedelta) -> IdempotencyRecord:
     """An IN_PROGRESS record as a crashed (or still running) holder leaves it."""
-    delivery = task._delivery(key, args, {"idempotency_key": key})
+    call = task.idempotency_spec.prepare(args, {"idempotency_key": key})
     now = timezone.now()
     return IdempotencyRecord.objects.create(
-        scope=delivery.scope,
+        scope=task.idempotency_spec.scope,
         key=key,
         task_name=task.name,
-        fingerprint=delivery.fingerprint,
+        fingerprint=call.fingerprint,
         worker="gone:1",
         task_id="old",
         started_at=now - timedelta(minutes=5),

@@ -14,8 +14,10 @@ import pytest
 from django.utils import timezone
 
 from django_idempotent_tasks import logs, signals
+from django_idempotent_tasks.heartbeat import Heartbeat
 from django_idempotent_tasks.models import IdempotencyRecord
-from tests.testapp import tasks
+from tests.helpers import wait_for
+from tests.testapp import functions, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -93,16 +95,18 @@ def test_a_conflict_line_carries_the_conflict_outcome(lines: Callable[[], list[s
 
 
 def test_a_heartbeat_thread_logs_under_its_delivery_context(lines: Callable[[], list[str]]) -> None:
+    def beat() -> bool:
+        logging.getLogger("django_idempotent_tasks").warning("renewal failed")
+        return False
+
     token = logs.current.set(logs.LogContext("task-9", "scope-9", "hash-9", fence=3, attempt=2))
     try:
-        heartbeat = threading.Thread(
-            target=lambda: logging.getLogger("django_idempotent_tasks").warning("renewal failed")
-        )
-        logs.follow(heartbeat)
-        heartbeat.start()
-        heartbeat.join()
+        heartbeat = Heartbeat(0.01, beat)  # made inside the delivery: it beats in a copy of its context
+        heartbeat.begin()
     finally:
         logs.current.reset(token)
+    wait_for(lambda: heartbeat.ident is not None, timeout=10, what="the heartbeat to start")
+    heartbeat.join(timeout=10)
     assert lines() == ["WARNING task-9 scope-9 hash-9 3 2 started | renewal failed"]
 
 
@@ -132,7 +136,18 @@ def test_signals_sent_outside_a_delivery_leave_the_log_context_alone() -> None:
     thread = threading.Thread(target=send)
     thread.start()
     thread.join()
-    assert seen == [None]  # the sends returned (an observer that raised would leave seen empty)
-    assert (
-        f"{logs.LOGGER}.logs" in signals.task_claimed.observers
-    )  # both receivers answered without an error; still no context
+    assert seen == [None]  # the sends returned and started no context
+
+
+def test_no_log_context_is_left_after_a_function_call(lines: Callable[[], list[str]]) -> None:
+    functions.record(1, idempotency_key="logged-function")
+    functions.record(1, idempotency_key="logged-function")  # a replay logs one line inside
+    logging.getLogger("django_idempotent_tasks").info("after the call")
+    assert lines()[-1] == "INFO None None None None None None | after the call"
+    assert logs.context() is None
+
+
+def test_no_log_context_is_left_after_a_direct_task_call(lines: Callable[[], list[str]]) -> None:
+    tasks.record_effect(1, idempotency_key="logged-direct")  # no Celery tracer, so no task_postrun
+    logging.getLogger("django_idempotent_tasks").info("after the call")
+    assert lines() == ["INFO None None None None None None | after the call"]

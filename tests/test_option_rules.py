@@ -72,7 +72,8 @@ def test_none_is_the_setting_in_both_front_ends() -> None:
     with override_settings(
         IDEMPOTENT_TASKS_LOCK_TTL=13, IDEMPOTENT_TASKS_RECORD_TTL=130, IDEMPOTENT_TASKS_MAX_ATTEMPTS=4
     ):
-        delivery = function.idempotent.delivery("k", "fingerprint")
+        spec = function.idempotent
+        delivery = spec.delivery(spec.prepare((1, 2), {"idempotency_key": "k"}))
         assert (delivery.lock_ttl, delivery.record_ttl, delivery.max_attempts) == (13, 130, 4)
         options = task.idempotency_options
         assert (options.effective_lock_ttl, options.effective_record_ttl) == (13, 130)

@@ -86,3 +86,21 @@ def test_an_async_body_is_refused_when_the_task_is_bound() -> None:
     assert "'throwaway.async' is an async def" in message
     assert "asyncio worker pool" in message
     assert "asyncio.run(" in message
+
+
+@pytest.mark.parametrize(
+    ("template", "match"),
+    [
+        ("order-{order_id}", "uses {order_id}, which is not a parameter"),
+        ("order-{0}", "which is not a parameter"),
+        ("order-{value", "bad key template"),
+    ],
+)
+def test_a_bad_key_template_is_refused_when_the_task_is_bound(template: str, match: str) -> None:
+    with pytest.raises(IdempotencyConfigurationError, match=match) as caught:
+        bind(idempotency_key=template)
+    assert "Idempotent task 'throwaway.body'" in str(caught.value)
+
+
+def test_a_good_key_template_is_bound() -> None:
+    assert bind(idempotency_key="value-{value}").idempotency_options.key_source == "value-{value}"

@@ -74,7 +74,7 @@ def delivery(lease: int) -> Delivery:
         atomic=False,
         max_attempts=0,
         max_result_bytes=0,
-        eager=False,
+        no_broker=False,
     )
 
 

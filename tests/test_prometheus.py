@@ -18,7 +18,7 @@ from django_idempotent_tasks.contrib import prometheus
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import Worker, finished, wait_for
 from tests.running import run_task as run
-from tests.testapp import tasks
+from tests.testapp import functions, tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QUEUE = "observed"
@@ -98,9 +98,9 @@ def test_deliveries_are_counted_by_outcome(registry: CollectorRegistry) -> None:
     IdempotencyRecord.objects.filter(key="m-7").update(
         status="IN_PROGRESS", lease_expires_at=timezone.now() + timedelta(minutes=5)
     )
-    run(tasks.raising_conflict, 0, key="m-7")
+    run(tasks.raising_conflict, 0, key="m-7", propagate=False)
     for _ in range(4):  # max_attempts=3: three failures, then the key is failed for good
-        run(tasks.failing, 10, key="m-8")
+        run(tasks.failing, 10, key="m-8", propagate=False)
     outcomes = {
         outcome: value(registry, "deliveries", task=task, outcome=outcome)
         for task, outcome in [
@@ -146,3 +146,11 @@ def test_a_prefork_workers_counters_are_served_in_multiprocess_mode(
     assert replayed() == 1
     assert len(list(tmp_path.glob("counter_*.db"))) >= 1
     assert "idempotent_tasks_deliveries_total" in generate_latest(served).decode()
+
+
+def test_a_functions_replays_and_claims_are_counted(registry: CollectorRegistry) -> None:
+    name = functions.raising_conflict.idempotent.name
+    functions.raising_conflict(0, idempotency_key="m-f")
+    functions.raising_conflict(0, idempotency_key="m-f")
+    assert value(registry, "replays", task=name) == 1
+    assert name == "tests.testapp.functions.raising_conflict"

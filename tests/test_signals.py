@@ -14,7 +14,7 @@ from django_idempotent_tasks import keys, signals
 from django_idempotent_tasks.exceptions import AttemptsExhausted, LeaseLost, TaskInProgress, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.running import run_task as run
-from tests.testapp import tasks
+from tests.testapp import functions, tasks
 from tests.testapp.models import Effect
 
 pytestmark = pytest.mark.django_db
@@ -114,3 +114,21 @@ def test_task_completed_of_an_atomic_task_fires_after_the_commit(listen: Any) ->
     run(tasks.atomic_effect, 1, key="atomic")
     run(tasks.record_effect, 1, key="plain")
     assert in_transaction == [False, False]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_filtered_by_an_idempotent_function_hears_its_deliveries() -> None:
+    heard: list[str] = []
+
+    def on_replayed(sender: Any, key: str, **kwargs: Any) -> None:
+        heard.append(f"{sender.name}:{key}")
+
+    signals.task_replayed.connect(on_replayed, sender=functions.record)
+    try:
+        functions.record(3, idempotency_key="filtered")
+        functions.record(3, idempotency_key="filtered")
+        functions.charge(1, 100)
+        functions.charge(1, 100)  # another function's replay: not heard
+    finally:
+        signals.task_replayed.disconnect(on_replayed, sender=functions.record)
+    assert heard == ["tests.testapp.functions.record:filtered"]

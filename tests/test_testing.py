@@ -14,7 +14,7 @@ from django_idempotent_tasks.exceptions import MissingIdempotencyKey
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.testing import assert_runs_once, count_executions
 from tests.helpers import wait_for
-from tests.testapp import tasks
+from tests.testapp import functions, tasks
 from tests.testapp.models import Effect
 
 
@@ -177,3 +177,43 @@ class UnittestStyle(TransactionTestCase):
     def test_concurrent(self) -> None:
         assert_runs_once(tasks.concurrent_effect, 6, sleep=0.2, key="unittest-burst", times=8)
         self.assertEqual(Effect.objects.filter(key="unittest-burst").count(), 1)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_assert_runs_once_on_an_idempotent_function() -> None:
+    results = assert_runs_once(functions.record, 5, sleep=0.2, key="function-burst", times=4)
+    assert [result["value"] for result in results] == [5] * 4
+    assert Effect.objects.filter(key="function-burst").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_assert_runs_once_on_a_function_that_raises_on_conflict() -> None:
+    results = assert_runs_once(functions.raising_conflict, 1, key="function-raise", times=3, threads=False)
+    assert len(results) == 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_assert_runs_once_on_a_django_task() -> None:
+    results = assert_runs_once(functions.db_receipt, 8, key="task-burst", times=3, threads=False)
+    assert [result["value"] for result in results] == [8] * 3
+    assert Effect.objects.filter(key="task-burst").count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_count_executions_counts_a_function_and_a_django_task() -> None:
+    with count_executions(functions.record) as runs, count_executions(functions.send_receipt) as receipts:
+        functions.record(1, idempotency_key="counted")
+        functions.record(1, idempotency_key="counted")
+        functions.send_receipt.func(3)
+        functions.send_receipt.func(3)
+        functions.send_receipt_inner.func(4, idempotency_key="inner")
+    assert [run.key for run in runs.runs] == ["counted"]
+    assert [run.key for run in receipts.runs] == ["receipt-3"]
+    assert runs.task_name == "tests.testapp.functions.record"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_plugin_fixture_counts_a_function(idempotent_tasks_count_executions: Any) -> None:
+    with idempotent_tasks_count_executions(functions.record) as runs:
+        functions.record(2, idempotency_key="fixture-counted")
+    assert runs.count == 1

@@ -95,7 +95,7 @@ def insert_stale_row(ctx: Context, fault: Fault) -> None:
         scope=task.name,
         key=fault.key,
         task_name=task.name,
-        fingerprint=task._fingerprint((value,), {}),
+        fingerprint=task.idempotency_spec.prepare((value,), {"idempotency_key": fault.key}).fingerprint,
         task_id="stale",
         worker="gone:1",
         started_at=timezone.now() - timedelta(hours=1),
