@@ -129,7 +129,7 @@ def connection_lost(
         connections[store.database()].close()
     if delivery.no_broker:
         raise exc
-    outages.connection_failed(delivery, exc)
+    outages.connection_failed(exc, lease_seconds=delivery.lock_ttl, send=delivery.send)
     return Requeue("the database connection was lost")
 
 

@@ -12,15 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.db.backends.signals import connection_created
 
 from django_idempotent_tasks import signals, store
-
-if TYPE_CHECKING:
-    from django_idempotent_tasks.delivery import Delivery
 
 logger = logging.getLogger("django_idempotent_tasks")
 
@@ -37,10 +35,10 @@ _outages: dict[str, Outage] = {}
 _lock = threading.Lock()
 
 
-def connection_failed(delivery: Delivery, exc: BaseException) -> None:
+def connection_failed(exc: BaseException, *, lease_seconds: int, send: Callable[..., Any]) -> None:
     """Note a lost connection of the records' database; past one lease of failures, log an ERROR and
-    send ``database_unreachable``, once per lease."""
-    alias, lease_seconds, now = store.database(), delivery.lock_ttl, time.monotonic()
+    ``send`` the signal ``database_unreachable``, once per lease."""
+    alias, now = store.database(), time.monotonic()
     with _lock:
         # connection_lost() closes the connection, so the next delivery opens a new one: when
         # it opens (connection_opened), the outage is over, however long the re-queues waited.
@@ -60,7 +58,7 @@ def connection_failed(delivery: Delivery, exc: BaseException) -> None:
         seconds,
         extra={"database_alias": alias, "database_error": error, "unreachable_seconds": round(seconds)},
     )
-    delivery.send(signals.database_unreachable, alias=alias, error=error, seconds=seconds)
+    send(signals.database_unreachable, alias=alias, error=error, seconds=seconds)
 
 
 def reason(exc: BaseException) -> str:

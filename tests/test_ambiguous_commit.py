@@ -23,8 +23,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.skipif(connection.vendor != "postgresql", reason="the proxy reads PostgreSQL's protocol"),
 ]
-#: The proxy's port (this suite's range of spare ports).
-PROXY_PORT = 16420
 #: How long the proxy lets the server act on the cut message before it closes both sides.
 SERVER_ACTS = 0.5
 
@@ -35,7 +33,8 @@ class ReplyDropper:
 
     def __init__(self, host: str, port: int) -> None:
         self.target = (host, port)
-        self.listener = socket.create_server(("127.0.0.1", PROXY_PORT), reuse_port=False)
+        self.listener = socket.create_server(("127.0.0.1", 0), reuse_port=False)  # a free port
+        self.port: int = self.listener.getsockname()[1]
         self.marker = b""
         self.muted = threading.Event()
         self.sockets: list[socket.socket] = []
@@ -93,7 +92,7 @@ def proxy() -> Iterator[ReplyDropper]:
     dropper = ReplyDropper(settings["HOST"] or "127.0.0.1", int(settings["PORT"] or 5432))
     port = settings["PORT"]
     connection.close()
-    settings["PORT"] = str(PROXY_PORT)
+    settings["PORT"] = str(dropper.port)
     try:
         yield dropper
     finally:

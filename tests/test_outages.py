@@ -102,20 +102,20 @@ def test_the_error_comes_after_a_lease_of_failures_once_per_lease_and_ends_on_a_
     def errors() -> list[logging.LogRecord]:
         return [record for record in caplog.records if record.levelno == logging.ERROR]
 
-    outages.connection_failed(delivery(lease), exc)
+    outages.connection_failed(exc, lease_seconds=lease, send=delivery(lease).send)
     assert errors() == []  # a lost connection alone is an outage of a few seconds
 
     def fail_again() -> list[logging.LogRecord]:
-        outages.connection_failed(delivery(lease), exc)
+        outages.connection_failed(exc, lease_seconds=lease, send=delivery(lease).send)
         return errors()
 
     wait_for(fail_again, what="the ERROR after a lease of failures")
-    outages.connection_failed(delivery(lease), exc)
+    outages.connection_failed(exc, lease_seconds=lease, send=delivery(lease).send)
     assert len(errors()) == 1  # once per lease
     error = errors()[0]
     assert (error.database_alias, error.database_error) == ("default", " ".join(str(exc).split()))  # type: ignore[attr-defined]
 
     connections["default"].close()
     connections["default"].ensure_connection()  # the database answers again: the outage is over
-    outages.connection_failed(delivery(lease), exc)
+    outages.connection_failed(exc, lease_seconds=lease, send=delivery(lease).send)
     assert len(errors()) == 1

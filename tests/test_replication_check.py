@@ -23,6 +23,7 @@ from django.db import connection
 
 from django_idempotent_tasks import checks
 from tests.helpers import wait_for
+from tests.isolation import free_port
 
 ID = "django_idempotent_tasks.W011"
 
@@ -101,8 +102,6 @@ def test_the_warning_names_the_database_and_what_to_do(monkeypatch: pytest.Monke
 
 
 BIN = Path("/usr/lib/postgresql/15/bin")
-#: A primary and a standby made for this test, on spare ports of the suite's range.
-PRIMARY_PORT, STANDBY_PORT = 16421, 16422
 
 
 def _as_postgres(*command: str) -> list[str]:
@@ -121,8 +120,10 @@ def _sql(port: int, query: str) -> str:
 
 
 @pytest.fixture
-def streaming_pair() -> Iterator[None]:
-    """A PostgreSQL primary streaming to one standby (initdb, pg_basebackup -R), stopped by pid."""
+def streaming_pair() -> Iterator[int]:
+    """A PostgreSQL primary streaming to one standby (initdb, pg_basebackup -R), on free ports,
+    stopped by pid; yields the primary's port."""
+    primary_port, standby_port = free_port(), free_port()
     root = Path(tempfile.mkdtemp(prefix="idem-clusters-"))  # pytest's tmp_path is root's alone
     os.chmod(root, 0o777)
     primary, standby = root / "primary", root / "standby"
@@ -133,7 +134,7 @@ def streaming_pair() -> Iterator[None]:
             check=True,
             capture_output=True,
         )
-        for data, port in ((primary, PRIMARY_PORT),):
+        for data, port in ((primary, primary_port),):
             subprocess.run(
                 _as_postgres(
                     str(BIN / "pg_ctl"),
@@ -156,7 +157,7 @@ def streaming_pair() -> Iterator[None]:
                 "-h",
                 "127.0.0.1",
                 "-p",
-                str(PRIMARY_PORT),
+                str(primary_port),
                 "-U",
                 "postgres",
                 "-D",
@@ -177,14 +178,14 @@ def streaming_pair() -> Iterator[None]:
                 "-l",
                 str(standby / "log"),
                 "-o",
-                f"-p {STANDBY_PORT} -k {root} -c listen_addresses=127.0.0.1",
+                f"-p {standby_port} -k {root} -c listen_addresses=127.0.0.1",
                 "start",
             ),
             check=True,
             capture_output=True,
         )
         started.append(standby)
-        yield
+        yield primary_port
     finally:
         for data in reversed(started):
             pid = int((data / "postmaster.pid").read_text().split()[0])
@@ -197,21 +198,22 @@ def streaming_pair() -> Iterator[None]:
 
 
 @pytest.mark.skipif(not (BIN / "initdb").exists(), reason="Debian's PostgreSQL 15 server binaries")
-def test_a_real_asynchronous_standby_warns_and_a_synchronous_one_does_not(streaming_pair: None) -> None:
+def test_a_real_asynchronous_standby_warns_and_a_synchronous_one_does_not(streaming_pair: int) -> None:
+    primary_port = streaming_pair
     query = "SELECT sync_state FROM pg_stat_replication"
     settings = (
         "SELECT current_setting('synchronous_standby_names') || '|' || current_setting('synchronous_commit')"
     )
 
     def problem() -> str | None:
-        states = [line for line in _sql(PRIMARY_PORT, query).splitlines() if line]
-        names, commit = _sql(PRIMARY_PORT, settings).split("|")
+        states = [line for line in _sql(primary_port, query).splitlines() if line]
+        names, commit = _sql(primary_port, settings).split("|")
         return checks.postgresql_replication_problem(states, names, commit)
 
-    wait_for(lambda: _sql(PRIMARY_PORT, query), what="the standby to stream")
-    assert _sql(PRIMARY_PORT, query) == "async"
+    wait_for(lambda: _sql(primary_port, query), what="the standby to stream")
+    assert _sql(primary_port, query) == "async"
     assert "none of them synchronous (sync_state async" in (problem() or "")
-    _sql(PRIMARY_PORT, "ALTER SYSTEM SET synchronous_standby_names = '*'")
-    _sql(PRIMARY_PORT, "SELECT pg_reload_conf()")
-    wait_for(lambda: _sql(PRIMARY_PORT, query) == "sync", what="the standby to become synchronous")
+    _sql(primary_port, "ALTER SYSTEM SET synchronous_standby_names = '*'")
+    _sql(primary_port, "SELECT pg_reload_conf()")
+    wait_for(lambda: _sql(primary_port, query) == "sync", what="the standby to become synchronous")
     assert problem() is None
