@@ -26,10 +26,10 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parent.parent
 FILL = """
 INSERT INTO django_idempotent_tasks_idempotencyrecord
-    (scope, key, task_name, status, fingerprint, result, steps, attempts, fence, task_id, worker,
-     created_at, started_at, completed_at, expires_at)
+    (scope, key, task_name, status, fingerprint, result, steps, attempts, attempts_log, fence,
+     claim_token, task_id, worker, created_at, started_at, completed_at, expires_at)
 SELECT 'timing', 'old-' || g, 'timing.task', 'SUCCEEDED', repeat('f', 64), '{"value": 1}'::jsonb,
-       '{}'::jsonb, 1, 1, 'task-' || g, 'host:1', now() - interval '30 days',
+       '{}'::jsonb, 1, '[]'::jsonb, 1, md5(g::text), 'task-' || g, 'host:1', now() - interval '30 days',
        now() - interval '30 days', now() - interval '30 days', now() - interval '1 day'
 FROM generate_series(1, %s) AS g
 """

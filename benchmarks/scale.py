@@ -22,9 +22,11 @@ def fill(existing: int, target: int) -> int:
             end = min(target, start + FILL_CHUNK)
             cursor.execute(
                 f"INSERT INTO {overhead.RECORDS} (scope, key, task_name, status, fingerprint, result, steps,"
-                " attempts, fence, task_id, worker, created_at, started_at, completed_at, expires_at)"
+                " attempts, attempts_log, fence, claim_token, task_id, worker, created_at, started_at,"
+                " completed_at, expires_at)"
                 " SELECT 'bench.filler' || (g %% 10), 'key-' || g, 'bench.filler', 'SUCCEEDED',"
-                " md5(g::text) || md5(g::text), '{\"ok\": true}', '{}', 1, 1, '', '', now(), now(), now(),"
+                " md5(g::text) || md5(g::text), '{\"ok\": true}', '{}', 1, '[]', 1, md5(g::text), '', '',"
+                " now(), now(), now(),"
                 " now() + interval '7 days' FROM generate_series(%s, %s - 1) AS g",
                 [start, end],
             )
