@@ -91,7 +91,7 @@ def note(signal: Any, fence: int | None = None, attempt: int | None = None, **kw
         return
     if signal is signals.task_claimed:
         running.fence, running.attempt, running.outcome = fence, attempt, "claimed"
-    else:
+    elif signal in OUTCOMES:  # not database_unreachable: the delivery is re-queued, its outcome open
         running.outcome = OUTCOMES[signal]
 
 

@@ -273,7 +273,7 @@ def test_release_stuck_lease_leaves_a_record_taken_over_after_the_selection_was_
 
     def taken_over_first(seen: IdempotencyRecord, by: str, **kwargs: Any) -> bool:
         # A redelivery claims the key between the action's read and its fenced write.
-        IdempotencyRecord.objects.filter(pk=seen.pk).update(fence=seen.fence + 1)
+        IdempotencyRecord.objects.filter(pk=seen.pk).update(claim_token=store.new_token())  # a new claim
         return release(seen, by, **kwargs)
 
     monkeypatch.setattr(store, "release_lease", taken_over_first)
@@ -281,7 +281,9 @@ def test_release_stuck_lease_leaves_a_record_taken_over_after_the_selection_was_
     assert "Released" not in page
     assert "1 selected record was not stuck" in page
     left = IdempotencyRecord.objects.get(pk=record.pk)
-    assert (left.status, left.fence) == (Status.IN_PROGRESS, record.fence + 1)
+    # The same fence, another claim's token (a failover can repeat a fence): left alone.
+    assert (left.status, left.fence) == (Status.IN_PROGRESS, record.fence)
+    assert left.claim_token != record.claim_token
     assert not LogEntry.objects.exists()
 
 

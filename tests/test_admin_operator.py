@@ -111,7 +111,7 @@ def test_release_leaves_a_record_taken_over_after_the_page_read_it(
 
     def taken_over_first(seen: IdempotencyRecord, by: str, **kwargs: Any) -> bool:
         # A redelivery claims the key between the page's read and its fenced write.
-        IdempotencyRecord.objects.filter(pk=seen.pk).update(fence=seen.fence + 1)
+        IdempotencyRecord.objects.filter(pk=seen.pk).update(claim_token=store.new_token())  # a new claim
         return release(seen, by, **kwargs)
 
     monkeypatch.setattr(store, "release_lease", taken_over_first)

@@ -151,3 +151,16 @@ def test_no_log_context_is_left_after_a_direct_task_call(lines: Callable[[], lis
     tasks.record_effect(1, idempotency_key="logged-direct")  # no Celery tracer, so no task_postrun
     logging.getLogger("django_idempotent_tasks").info("after the call")
     assert lines() == ["INFO None None None None None None | after the call"]
+
+
+def test_a_signal_that_is_no_outcome_leaves_the_outcome_as_it_was() -> None:
+    # database_unreachable is sent through the delivery while its log context is open, before the
+    # delivery is re-queued: it must not fail the delivery, nor name its outcome.
+    token = logs.enter("t-1", "scope", "key")
+    try:
+        logs.note(signals.task_claimed, fence=1, attempt=1)
+        logs.note(signals.database_unreachable, alias="default", error="gone", seconds=61.0)
+        context = logs.context()
+        assert context is not None and context.outcome == "claimed"
+    finally:
+        logs.leave(token)

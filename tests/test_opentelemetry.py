@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import json
 import threading
 import time
@@ -159,6 +160,21 @@ def test_a_lease_lost_off_the_delivery_thread_opens_no_span(exporter: InMemorySp
     thread.start()
     thread.join()
     assert left == [None] and exporter.get_finished_spans() == ()
+
+
+def test_the_heartbeats_lease_lost_adds_no_event_to_the_open_span(exporter: InMemorySpanExporter) -> None:
+    claimed = {"fence": 1, "attempt": 1, "recovered": False}
+    signals.task_claimed.send(sender=tasks.record_effect, key="o-9", scope="s", **claimed)
+    # The heartbeat runs its beats in a copy of the delivery's context, where the span is open.
+    beat = contextvars.copy_context()
+    lost = {"sender": tasks.record_effect, "key": "o-9", "scope": "s", "fence": 1}
+    thread = threading.Thread(target=beat.run, args=(signals.lease_lost.send,), kwargs=lost)
+    thread.start()
+    thread.join()
+    signals.task_completed.send(sender=tasks.record_effect, key="o-9", scope="s", fence=1)
+    (span,) = ours(exporter)
+    assert events(span) == ["idempotency.claim", "idempotency.completed"]
+    assert span.attributes is not None and span.attributes["idempotency.outcome"] == "completed"
 
 
 def test_a_lost_lease_ends_the_span_as_lost(exporter: InMemorySpanExporter) -> None:

@@ -10,6 +10,7 @@ keys may carry personal data.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
@@ -24,8 +25,9 @@ from django_idempotent_tasks.logs import key_hash
 PREFIX = "idempotency"
 UID = "django_idempotent_tasks.contrib.opentelemetry"
 
-# The open span of each key this context is delivering (a task may deliver another eagerly), and
-# the outcome to record if Celery's task ends before a signal tells one.
+# The open span of each key this context is delivering (a task may deliver another eagerly), the
+# outcome to record if Celery's task ends before a signal tells one, its task id and the thread
+# that opened it.
 _open: ContextVar[dict[tuple[str, str], tuple[Span, list[Any]]] | None] = ContextVar(
     "idempotency_spans", default=None
 )
@@ -51,7 +53,7 @@ def _span(sender: Any, key: str, scope: str) -> Span:
             },
         )
         task_id = getattr(getattr(sender, "request", None), "id", None)
-        found = spans[(scope, key)] = (span, ["busy", task_id])
+        found = spans[(scope, key)] = (span, ["busy", task_id, threading.get_ident()])
     return found[0]
 
 
@@ -97,10 +99,10 @@ def on_conflict(sender: Any, key: str, scope: str, action: str, **kw: Any) -> No
 
 
 def on_lease_lost(sender: Any, key: str, scope: str, fence: int, **kw: Any) -> None:
-    # The heartbeat finds a lost lease off the delivery's thread, where no span of it is open:
-    # the delivery's own thread sends this signal again when its completion is refused.
+    # The heartbeat finds a lost lease off the delivery's thread, in a copy of its context that sees
+    # the open span: only the delivery's own thread records it, when its completion is refused.
     found = (_open.get() or {}).get((scope, key))
-    if found is not None:
+    if found is not None and found[1][2] == threading.get_ident():
         found[0].add_event(f"{PREFIX}.lease_lost", {f"{PREFIX}.fence": fence})
         found[1][0] = "lease_lost"
 
