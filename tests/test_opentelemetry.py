@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery import signals as celery_signals
 from django.db import connection
 from django.db.models import F
 from django.utils import timezone
@@ -190,3 +191,35 @@ def test_a_lost_lease_ends_the_span_as_lost(exporter: InMemorySpanExporter) -> N
     (span,) = ours(exporter)
     assert events(span) == ["idempotency.claim", "idempotency.lease_lost"]
     assert dict(span.attributes or {})["idempotency.outcome"] == "lease_lost"
+
+
+def test_each_signal_is_an_event_and_the_last_names_the_outcome(exporter: InMemorySpanExporter) -> None:
+    def send(signal: signals.TaskSignal, key: str, **kwargs: Any) -> None:
+        signal.send(sender=tasks.record_effect, key=key, scope="s", **kwargs)
+
+    send(signals.task_claimed, "o-10", fence=1, attempt=1, recovered=False)
+    send(signals.result_unstorable, "o-10", reason="NaN")
+    send(signals.task_failed, "o-10", fence=1, exc=ValueError("refused"))
+    send(signals.lock_conflict, "o-11", action="wait")  # a waiting delivery goes on
+    send(signals.lock_conflict, "o-11", action="raise")
+    send(signals.attempts_exhausted, "o-12", attempts=5)
+    spans = {span.attributes["idempotency.key_hash"]: span for span in ours(exporter) if span.attributes}
+    failed, conflict, exhausted = (spans[key_hash(key)] for key in ("o-10", "o-11", "o-12"))
+    assert events(failed) == ["idempotency.claim", "idempotency.unstorable", "idempotency.failed"]
+    assert events(conflict) == ["idempotency.conflict", "idempotency.conflict"]
+    assert events(exhausted) == ["idempotency.exhausted"]
+    outcomes = [
+        span.attributes["idempotency.outcome"] for span in (failed, conflict, exhausted) if span.attributes
+    ]
+    assert outcomes == ["failed", "conflict", "exhausted"]
+    assert not failed.status.is_ok and not exhausted.status.is_ok
+
+
+def test_celerys_end_of_the_task_ends_the_span_it_left_open(exporter: InMemorySpanExporter) -> None:
+    signals.task_claimed.send(
+        sender=tasks.record_effect, key="o-13", scope="s", fence=1, attempt=1, recovered=False
+    )
+    assert ours(exporter) == []
+    celery_signals.task_postrun.send(sender=tasks.record_effect, task_id=None)
+    (span,) = ours(exporter)
+    assert span.attributes is not None and span.attributes["idempotency.outcome"] == "busy"

@@ -5,11 +5,12 @@ Runs on whichever database DATABASE_URL names: PostgreSQL, MariaDB or SQLite.
 
 from __future__ import annotations
 
+import decimal
 from typing import Any
 
 import pytest
 
-from django_idempotent_tasks import signals
+from django_idempotent_tasks import signals, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, UnstorableResult
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import calls
@@ -68,3 +69,31 @@ def test_a_refused_error_message_is_stored_escaped(kind: str) -> None:
     )
     assert "bad record" in error_of(record)["traceback"]
     assert calls(f"e-{kind}") == 1
+
+
+class Unprintable(decimal.Decimal):
+    """A value whose encoding runs code that fails (DjangoJSONEncoder calls str() on a Decimal)."""
+
+    def __str__(self) -> str:
+        raise LookupError("no printable form")
+
+
+@pytest.mark.parametrize(
+    ("value", "max_depth", "why"),
+    [
+        ({"nested": [[[[1]]]]}, 3, "nested 5 levels deep; the database stores at most 3"),
+        ({"ok": [[1]]}, 3, None),
+    ],
+)
+def test_a_result_deeper_than_the_column_allows_is_unstorable(
+    value: Any, max_depth: int, why: str | None
+) -> None:
+    stored, problem = values.encode_result(value, 1_000_000, max_depth=max_depth)
+    assert (problem is None) == (why is None)
+    assert why is None or (stored is None and problem is not None and why in problem)
+
+
+def test_an_encoder_hook_that_fails_is_unstorable_not_a_crash() -> None:
+    stored, problem = values.encode_result({"amount": Unprintable("1.5")}, 1_000_000)
+    assert stored is None
+    assert problem == "The result could not be encoded as JSON: LookupError('no printable form')"
