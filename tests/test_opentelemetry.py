@@ -136,9 +136,12 @@ def test_a_real_worker_traces_its_deliveries(worker_env: dict[str, str]) -> None
 
         def spans() -> list[dict[str, Any]]:
             found = [json.loads(item) for item in control().lrange(SPANS, 0, -1)]
-            return found if sum(span["name"].startswith("idempotency ") for span in found) == 2 else []
+            ours = [span for span in found if span["name"].startswith("idempotency ")]
+            # Celery's span ends (and is exported) after ours: wait for both parents as well.
+            exported = {span["span_id"] for span in found}
+            return found if len(ours) == 2 and all(span["parent_id"] in exported for span in ours) else []
 
-        found = wait_for(spans, what="two idempotency spans from the worker")
+        found = wait_for(spans, what="two idempotency spans and their parents from the worker")
     finally:
         worker.stop()
     by_id = {span["span_id"]: span for span in found}
