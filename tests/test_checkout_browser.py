@@ -9,6 +9,7 @@ import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,7 +112,7 @@ def _answers(port: int) -> bool:
 
 
 def count(database: Path, sql: str) -> int:
-    with sqlite3.connect(database) as connection:
+    with closing(sqlite3.connect(database)) as connection:  # its own with-block does not close it
         return int(connection.execute(sql).fetchone()[0])
 
 
