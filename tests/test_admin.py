@@ -9,7 +9,6 @@ from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test import Client
-from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_idempotent_tasks import keys, store
@@ -17,6 +16,7 @@ from django_idempotent_tasks.admin import actions as admin_actions
 from django_idempotent_tasks.admin.changelist import EstimatedCountPaginator, estimated_rows
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
+from tests.admin_pages import listed_keys, queries_of
 from tests.helpers import redis_down
 from tests.records import operator_scene
 
@@ -43,18 +43,6 @@ def login(user: User, **client_options: Any) -> Client:
     client = Client(**client_options)
     client.force_login(user)
     return client
-
-
-def queries_of(client: Client, url: str) -> tuple[str, list[str]]:
-    """The page and its queries, without the savepoints some Django versions wrap views in."""
-    with CaptureQueriesContext(connection) as captured:
-        html = client.get(url).content.decode()
-    sql = [q["sql"] for q in captured.captured_queries]
-    return html, [q for q in sql if not q.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
-
-
-def listed_keys(html: str) -> list[str]:
-    return re.findall(r'<span title="([^"]*)" style="white-space:nowrap">', html)
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from django_idempotent_tasks.admin.changelist import EstimatedCountPaginator
 from django_idempotent_tasks.management import key_state
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
+from tests.admin_pages import listed_keys, queries_of
 
 pytestmark = pytest.mark.django_db
 CHANGELIST = reverse("admin:django_idempotent_tasks_idempotencyrecord_changelist")
@@ -30,18 +31,6 @@ def superuser() -> Client:
     client.force_login(User.objects.create_superuser("root", "root@example.com", None))
     client.get(CHANGELIST)  # fills Django's content type cache
     return client
-
-
-def page_queries(client: Client, url: str) -> tuple[str, list[str]]:
-    """The page and its queries, without the savepoints some Django versions wrap views in."""
-    with CaptureQueriesContext(connection) as captured:
-        html = client.get(url).content.decode()
-    sql = [q["sql"] for q in captured.captured_queries]
-    return html, [q for q in sql if not q.startswith(("SAVEPOINT", "RELEASE SAVEPOINT"))]
-
-
-def listed_keys(html: str) -> list[str]:
-    return re.findall(r'<span title="([^"]*)" style="white-space:nowrap">', html)
 
 
 def test_scopes_are_listed_from_the_index_in_order() -> None:
@@ -103,7 +92,7 @@ def test_contains_and_prefix_searches_are_exact_about_case(
 
 def test_the_prefix_search_names_the_scopes(superuser: Client) -> None:
     records.make("order-charge-100", scope="s1")
-    html, queries = page_queries(superuser, f"{CHANGELIST}?q=order-charge*")
+    html, queries = queries_of(superuser, f"{CHANGELIST}?q=order-charge*")
     assert listed_keys(html) == ["order-charge-100"]
     page = next(q for q in queries if "order-charge" in q and "COUNT" not in q)
     assert re.search(r"scope.? IN \(", page), page
@@ -115,14 +104,14 @@ def test_the_prefix_search_names_the_scopes(superuser: Client) -> None:
 def test_filtered_page_query_count_does_not_grow_with_rows(superuser: Client, query: str) -> None:
     records.failed("k-1")
     records.stuck("k-2")
-    _, few = page_queries(superuser, f"{CHANGELIST}?{query}")
+    _, few = queries_of(superuser, f"{CHANGELIST}?{query}")
     # session, user, scopes of the filter, (scopes of the search), bounded COUNT, the page, the
     # date hierarchy's two ends
     assert len(few) == (8 if query.startswith("q=") else 7), few
     for n in range(30):
         records.failed(f"k-1{n}", scope=f"scope-{n}")
         records.stuck(f"k-2{n}")
-    _, many = page_queries(superuser, f"{CHANGELIST}?{query}")
+    _, many = queries_of(superuser, f"{CHANGELIST}?{query}")
     assert len(many) == len(few), many
 
 
@@ -139,7 +128,7 @@ def test_a_filter_matching_more_than_the_threshold_shows_the_planners_estimate(
         if connection.vendor == "mysql":
             cursor.fetchall()
     monkeypatch.setattr(EstimatedCountPaginator, "estimate_above", 10)
-    html, queries = page_queries(superuser, f"{CHANGELIST}?status__exact=SUCCEEDED")
+    html, queries = queries_of(superuser, f"{CHANGELIST}?status__exact=SUCCEEDED")
     if connection.vendor == "sqlite":  # no estimate to offer: it counts
         assert re.findall(r"\d+ idempotency records", html) == ["30 idempotency records"]
         return
@@ -202,7 +191,7 @@ def test_a_day_is_listed_newest_first_through_the_created_at_index(superuser: Cl
         "created_at__month": created.month,
         "created_at__day": created.day,
     }
-    html, queries = page_queries(superuser, f"{CHANGELIST}?{'&'.join(f'{k}={v}' for k, v in day.items())}")
+    html, queries = queries_of(superuser, f"{CHANGELIST}?{'&'.join(f'{k}={v}' for k, v in day.items())}")
     assert listed_keys(html) == ["day-2", "day-1", "day-0"]
     page = next(q for q in queries if "created_at" in q and "COUNT" not in q and "LIMIT 1" not in q)
     assert re.search(r"ORDER BY \(\S+id\W* \+ 0\) DESC", page), page
@@ -211,7 +200,7 @@ def test_a_day_is_listed_newest_first_through_the_created_at_index(superuser: Cl
 def test_an_exact_search_is_sorted_after_the_index_finds_it(superuser: Client) -> None:
     records.make("order-1", scope="s1")
     records.make("order-2", scope="s2")
-    html, queries = page_queries(superuser, f"{CHANGELIST}?q=order-1")
+    html, queries = queries_of(superuser, f"{CHANGELIST}?q=order-1")
     assert listed_keys(html) == ["order-1"]
     page = next(q for q in queries if "order-1" in q and "COUNT" not in q)
     # Not the primary key walked down with the search as a filter (SQLite did that: 0.5 s).
