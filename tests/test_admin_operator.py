@@ -16,7 +16,8 @@ from django.urls import reverse
 from django_idempotent_tasks import store
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import records
-from tests.test_admin import CHANGELIST, detail, login, queries_of, staff
+from tests.admin_pages import queries_of
+from tests.test_admin import CHANGELIST, detail, login, staff
 
 pytestmark = pytest.mark.django_db
 Status = IdempotencyRecord.Status
