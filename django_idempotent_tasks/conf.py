@@ -59,6 +59,21 @@ class Settings:
         """Countdown in seconds of a delivery re-queued by a conflict."""
         return _positive_int("IDEMPOTENT_TASKS_CONFLICT_RETRY_DELAY", 1)
 
+    @functools.cached_property
+    def OUTBOX(self) -> bool:
+        """Default of the per-task ``outbox`` option: a PENDING record written in the caller's transaction."""
+        value = getattr(settings, "IDEMPOTENT_TASKS_OUTBOX", False)
+        if not isinstance(value, bool):
+            raise IdempotencyConfigurationError(
+                f"IDEMPOTENT_TASKS_OUTBOX must be True or False, got {value!r}."
+            )
+        return value
+
+    @functools.cached_property
+    def REDRIVE_AFTER(self) -> int:
+        """Seconds a PENDING record waits (from its message's ETA, if any) before it is sent again."""
+        return _positive_int("IDEMPOTENT_TASKS_REDRIVE_AFTER", 600)
+
     def validate(self) -> None:
         """Read every setting once, raising on the first invalid one."""
         for name in (
@@ -68,6 +83,8 @@ class Settings:
             "MAX_RESULT_BYTES",
             "MAX_ATTEMPTS",
             "CONFLICT_RETRY_DELAY",
+            "OUTBOX",
+            "REDRIVE_AFTER",
         ):
             getattr(self, name)
 

@@ -134,6 +134,7 @@ class IdempotencyRecord(models.Model):
     """One idempotency key: who holds it, how it ended and what it returned."""
 
     class Status(models.TextChoices):
+        PENDING = "PENDING", _("Pending")  # outbox tasks: decided by the caller, not claimed yet
         IN_PROGRESS = "IN_PROGRESS", _("In progress")
         SUCCEEDED = "SUCCEEDED", _("Succeeded")
         FAILED = "FAILED", _("Failed")
@@ -174,6 +175,12 @@ class IdempotencyRecord(models.Model):
         help_text=_("Random, new on every claim: the holder's writes name it, so no failover can repeat it."),
     )
     task_id = models.CharField(_("task id"), max_length=255, blank=True)
+    message = models.JSONField(
+        _("message"),
+        null=True,
+        blank=True,
+        help_text=_("Outbox tasks only, while PENDING or FAILED: the message that publishes the call again."),
+    )
     worker = models.CharField(
         _("worker"), max_length=255, blank=True, help_text=_("Hostname and pid of the lease holder.")
     )
