@@ -17,16 +17,18 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from celery import chain
 from django.conf import settings
 from django.db import close_old_connections, transaction
 
+from django_idempotent_tasks import outbox
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.outbox import ReplayedResult
 from tests import brokers
-from tests.helpers import ROOT, Worker, calls, finished, replays, wait_for
+from tests.helpers import ROOT, Worker, calls, conflicts, finished, replays, wait_for
 from tests.running import run_command
 from tests.testapp.faults import control
-from tests.testapp.tasks import outbox_effect, outbox_typed
+from tests.testapp.tasks import outbox_effect, outbox_retrying, outbox_typed
 
 pytestmark = [pytest.mark.workers, pytest.mark.django_db(transaction=True)]
 Status = IdempotencyRecord.Status
@@ -224,3 +226,42 @@ def test_a_redrive_of_a_message_that_was_only_slow_is_a_duplicate_that_replays(w
     finished("obw-slow")
     wait_for(lambda: replays("obw-slow") == 1, what="the duplicate to replay")
     assert calls("obw-slow") == 1
+
+
+def test_self_retry_of_an_outbox_task_is_sent_not_taken_for_new_work(worker: Worker) -> None:
+    worker.start()
+    outbox_retrying.apply_async((2,), {"idempotency_key": "obw-retry"}, queue=QUEUE)
+    record = finished("obw-retry")
+    assert (record.attempts, record.message) == (3, None)
+    assert calls("obw-retry") == 3
+
+
+def test_a_conflicts_requeue_is_sent_not_taken_for_new_work(worker: Worker) -> None:
+    worker.start()
+    result = outbox_effect.apply_async((1, 3), {"idempotency_key": "obw-conflict"}, queue=QUEUE)
+    wait_for(lambda: calls("obw-conflict") == 1, what="the body to start")
+    running = IdempotencyRecord.objects.get(key="obw-conflict")
+    assert running.status == Status.IN_PROGRESS and isinstance(running.message, dict)
+    outbox.publish(running.message)  # a duplicate of the message, while its body runs
+    finished("obw-conflict")
+    # The duplicate found the key held and was re-queued (the record was IN_PROGRESS: the outbox
+    # would have attached and sent nothing); it then replayed.
+    wait_for(lambda: replays("obw-conflict") == 1, what="the re-queued duplicate to replay")
+    assert conflicts("obw-conflict") and calls("obw-conflict") == 1
+    assert IdempotencyRecord.objects.get(key="obw-conflict").task_id == result.id
+
+
+def test_a_chain_of_outbox_tasks_records_the_first_at_the_caller_and_runs_each_once(worker: Worker) -> None:
+    steps = chain(
+        outbox_effect.si(1, idempotency_key="obw-chain-1").set(queue=QUEUE),
+        outbox_effect.si(2, idempotency_key="obw-chain-2").set(queue=QUEUE),
+    )
+    steps.apply_async()
+    assert IdempotencyRecord.objects.get(key="obw-chain-1").status == Status.PENDING
+    assert not IdempotencyRecord.objects.filter(key="obw-chain-2").exists()  # the worker sends it
+    broker().delete(QUEUE)  # lost: the re-drive keeps the rest of the chain
+    assert redrive() == "Sent 1 record again.\n"
+    worker.start()
+    finished("obw-chain-1")
+    finished("obw-chain-2")
+    assert (calls("obw-chain-1"), calls("obw-chain-2")) == (1, 1)
