@@ -93,7 +93,8 @@ def lifecycle(delivery: Delivery, body: Body) -> Outcome:
             return Requeue("Redis could not be asked for the lock")
         except (OperationalError, InterfaceError) as exc:
             return connection_lost(delivery, exc, progress)
-        logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
+        if logger.isEnabledFor(logging.INFO):  # the label is built only for a line that is written
+            logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
         if action != "wait":
             return Busy(action, f"{delivery.label} is being executed by another delivery.")
         deadline = deadline or time.monotonic() + delivery.lock_ttl
@@ -175,7 +176,8 @@ def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
         )
     if record.status == Status.SUCCEEDED:
         delivery.send(signals.task_replayed)
-        logger.info("%s already succeeded; replaying the stored result.", delivery.label)
+        if logger.isEnabledFor(logging.INFO):  # every replay passes here: no label below INFO
+            logger.info("%s already succeeded; replaying the stored result.", delivery.label)
         return Replayed(record.result)
     # Whether a lease is live is decided by the claim's SQL on the database clock, not here.
     if store.is_exhausted(record, delivery.max_attempts):
