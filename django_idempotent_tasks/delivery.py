@@ -252,7 +252,7 @@ def run_claimed(
     except BaseException as exc:
         if exc is not progress.body_error:
             raise  # the completion's own failure is never "the body failed"
-        lease.completing.set()  # the failure write ends the lease: not a lost lease
+        lease.completing = True  # the failure write ends the lease: not a lost lease
         record_failure(delivery, lease, exc)
         raise
     finally:
@@ -289,7 +289,7 @@ def finish(delivery: Delivery, lease: Lease, value: Any) -> Completed:
     stored, problem = values.encode_result(value, delivery.max_result_bytes)
     if problem is None:
         try:
-            lease.completing.set()
+            lease.completing = True
             done = lease.write(lambda: store.complete(claim, stored, None, delivery.record_ttl))
         except (OperationalError, InterfaceError):
             raise  # the connection, not the value: nothing was written
