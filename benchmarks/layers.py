@@ -17,7 +17,7 @@ from django.db import connection
 from benchmarks import database, report
 from benchmarks.overhead import interleaved
 from benchmarks.systems import idempotent
-from django_idempotent_tasks import keys, statements, store
+from django_idempotent_tasks import keys, store
 from django_idempotent_tasks.locks import RedisLock, lock_client
 from django_idempotent_tasks.models import IdempotencyRecord
 
@@ -113,7 +113,5 @@ def run(calls: int, rounds: int = 10) -> str:
 
 def _insert_parameters() -> str:
     # The claim INSERT's parameter count, read from the statement the store sends.
-    alias = store.database()
-    columns = (*store._INSERTED, *store._STAMPED)
-    sql, _ = statements.insert_sql(alias, columns, store._CLOCKED)
+    sql, _ = store.insert_sql(store.database())
     return f"{sql.count('%s')} parameters"

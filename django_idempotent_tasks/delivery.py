@@ -93,7 +93,8 @@ def lifecycle(delivery: Delivery, body: Body) -> Outcome:
             return Requeue("Redis could not be asked for the lock")
         except (OperationalError, InterfaceError) as exc:
             return connection_lost(delivery, exc, progress)
-        logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
+        if logger.isEnabledFor(logging.INFO):  # the label is built only for a line that is written
+            logger.info("%s is held by another delivery; on_conflict=%s.", delivery.label, action)
         if action != "wait":
             return Busy(action, f"{delivery.label} is being executed by another delivery.")
         deadline = deadline or time.monotonic() + delivery.lock_ttl
@@ -175,7 +176,8 @@ def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:
         )
     if record.status == Status.SUCCEEDED:
         delivery.send(signals.task_replayed)
-        logger.info("%s already succeeded; replaying the stored result.", delivery.label)
+        if logger.isEnabledFor(logging.INFO):  # every replay passes here: no label below INFO
+            logger.info("%s already succeeded; replaying the stored result.", delivery.label)
         return Replayed(record.result)
     # Whether a lease is live is decided by the claim's SQL on the database clock, not here.
     if store.is_exhausted(record, delivery.max_attempts):
@@ -250,7 +252,7 @@ def run_claimed(
     except BaseException as exc:
         if exc is not progress.body_error:
             raise  # the completion's own failure is never "the body failed"
-        lease.completing.set()  # the failure write ends the lease: not a lost lease
+        lease.completing = True  # the failure write ends the lease: not a lost lease
         record_failure(delivery, lease, exc)
         raise
     finally:
@@ -287,7 +289,7 @@ def finish(delivery: Delivery, lease: Lease, value: Any) -> Completed:
     stored, problem = values.encode_result(value, delivery.max_result_bytes)
     if problem is None:
         try:
-            lease.completing.set()
+            lease.completing = True
             done = lease.write(lambda: store.complete(claim, stored, None, delivery.record_ttl))
         except (OperationalError, InterfaceError):
             raise  # the connection, not the value: nothing was written

@@ -13,26 +13,32 @@ import weakref
 from collections.abc import Callable
 
 
-class Heartbeat(threading.Thread):
+class Heartbeat:
     """Calls ``beat`` every ``interval`` seconds until stopped; ``beat`` returning False ends it.
 
-    ``begin()`` hands it to the process's scheduler, which starts the thread only once the first
-    beat is due: a body shorter than ``interval`` never pays for a thread of its own. The scheduler
-    holds it weakly: whoever begins it keeps it until it stops. ``beat`` runs in a copy of the
-    context the heartbeat was made in (a new thread starts with an empty one), so it sees the
-    caller's context variables, such as the running delivery's log fields.
+    ``begin()`` hands it to the process's scheduler, which starts its thread (``thread``) only once
+    the first beat is due: a body shorter than ``interval`` never pays for a thread, nor even for
+    the thread object. The scheduler holds it weakly: whoever begins it keeps it until it stops.
+    ``beat`` runs in a copy of the context the heartbeat was made in (a new thread starts with an
+    empty one), so it sees the caller's context variables, such as the running delivery's log fields.
     """
 
     def __init__(self, interval: float, beat: Callable[[], bool]) -> None:
-        super().__init__(name="idempotency-heartbeat", daemon=True)
         self.interval = interval
         self.beat = beat
         self.stopping = threading.Event()
         self.context = contextvars.copy_context()
+        self.thread: threading.Thread | None = None  # started by the scheduler when the first beat is due
 
     def begin(self) -> None:
         """Start beating ``interval`` seconds from now."""
         _scheduler.schedule(self)
+
+    def start(self) -> None:
+        """Start the thread that beats (the scheduler calls it when the first beat is due)."""
+        thread = threading.Thread(target=self.run, name="idempotency-heartbeat", daemon=True)
+        thread.start()
+        self.thread = thread  # only once started: whoever sees it may join it
 
     def run(self) -> None:
         self.context.run(self.beating)
@@ -43,7 +49,8 @@ class Heartbeat(threading.Thread):
 
     def stop(self) -> None:
         """Ask the thread to end without waiting for it (it may be blocked on a row lock)."""
-        self.stopping.set()
+        if not self.stopping.is_set():  # a delivery stops its heartbeat on more than one path
+            self.stopping.set()
 
 
 class _Scheduler:

@@ -37,9 +37,10 @@ class Lease:
         self.claim, self.lock = claim, lock
         self.label, self.ttl, self.atomic, self.send = label, ttl, atomic, send
         self.lost = threading.Event()  # a renewal found the fence moved on: another delivery holds the key
-        # Set while the completion is being written: a renewal that finds the record no longer
-        # IN_PROGRESS then is our own completion landing, not a lost lease.
-        self.completing = threading.Event()
+        # True once the completion is being written: a renewal that finds the record no longer
+        # IN_PROGRESS then is our own completion landing, not a lost lease. (A flag the heartbeat's
+        # thread reads: nothing waits on it.)
+        self.completing = False
         self.until = time.monotonic() + ttl  # by when the database lease runs out, on this process's clock
         self.heartbeat = Heartbeat(ttl / 3, self.renew)
 
@@ -70,7 +71,7 @@ class Lease:
             connections.close_all()
         if renewed is False:
             self.lost.set()
-            if not self.completing.is_set():  # else our own completion (or failure) has landed
+            if not self.completing:  # else our own completion (or failure) has landed
                 self.send(signals.lease_lost, fence=self.claim.fence)
                 logger.warning("%s lost its lease (fence %d) while running.", self.label, self.claim.fence)
             return False

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import secrets
 import socket
-import uuid
 from typing import Any
 
 from django.conf import settings
@@ -55,35 +56,42 @@ def lock_cache_problem(alias: str) -> str | None:
     return f"{named} {alias!r}, which is not a django-redis cache (backend {backend!r})."
 
 
-_verified_alias: str | None = None
+# The lock cache's alias, checked, and its raw client: one per process, as redis-py's clients are
+# thread-safe (looking it up through Django's per-thread caches on every delivery cost more CPU
+# than a Redis command's own client code).
+_verified: tuple[str, Any] | None = None
 
 
 @receiver(setting_changed)
 def _forget_verified(setting: str, **kwargs: Any) -> None:
-    global _verified_alias
+    global _verified
     if setting in ("CACHES", "IDEMPOTENT_TASKS_CACHE"):
-        _verified_alias = None
+        _verified = None
 
 
 def lock_client() -> Any:
     """The raw redis-py client behind the lock cache (``IDEMPOTENT_TASKS_CACHE``)."""
-    global _verified_alias
+    global _verified
     from django_redis import get_redis_connection
 
     alias = conf.CACHE
-    if alias != _verified_alias:
+    if _verified is None or _verified[0] != alias:
         # Workers never run the system checks: the first delivery that needs the lock says what
         # E001 would have said, instead of django-redis's NotImplementedError or a KeyError.
         problem = lock_cache_problem(alias)
         if problem is not None:
             raise IdempotencyConfigurationError(f"{problem} {LOCK_CACHE_HINT}")
-        _verified_alias = alias
-    return get_redis_connection(alias)
+        _verified = (alias, get_redis_connection(alias))
+    return _verified[1]
 
 
+@functools.cache
 def worker_identity() -> str:
     """hostname:pid of this process, stored as the lock token's prefix and on records."""
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+os.register_at_fork(after_in_child=worker_identity.cache_clear)  # a forked child has its own pid
 
 
 class RedisLock:
@@ -93,7 +101,7 @@ class RedisLock:
         self.client = client
         self.name = name
         self.ttl_ms = ttl_seconds * 1000
-        self.token = f"{worker_identity()}:{uuid.uuid4().hex}"
+        self.token = f"{worker_identity()}:{secrets.token_hex(16)}"
 
     def acquire(self) -> bool:
         """Take the lock if nobody holds it (one SET NX PX)."""

@@ -5,6 +5,7 @@ more CPU than the round trip itself (BENCHMARKS.md)."""
 from __future__ import annotations
 
 import functools
+import re
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -40,19 +41,26 @@ def select_sql(alias: str, names: tuple[str, ...], *where: str) -> str:
 
 @functools.cache
 def insert_sql(
-    alias: str, values: tuple[str, ...], clocked: tuple[str, ...], event: tuple[str, ...] = ()
+    alias: str,
+    values: tuple[str, ...],
+    clocked: tuple[str, ...],
+    event: tuple[str, ...] = (),
+    fixed: tuple[tuple[str, Any], ...] = (),
 ) -> tuple[str, bool]:
-    """``INSERT`` of the columns ``values`` (parameters) and ``clocked`` (the database clock plus a
-    parameter's seconds each), and whether it returns the new primary key itself (RETURNING)
-    rather than through the cursor. A non-empty ``event`` starts the attempts log with an event of
-    those fields (parameters after the clocked ones)."""
+    """``INSERT`` of the columns ``values`` (parameters), ``fixed`` (name and constant, written in
+    the statement: see ``literal``) and ``clocked`` (the database clock plus a parameter's seconds
+    each), and whether it returns the new primary key itself (RETURNING) rather than through the
+    cursor. A non-empty ``event`` starts the attempts log with an event of those fields (parameters
+    after the clocked ones)."""
     connection = connections[alias]
     quote, clock = connection.ops.quote_name, later_sql(connection.vendor)
     logged = ("attempts_log",) if event else ()
-    columns = ", ".join(quote(column(name)) for name in (*values, *clocked, *logged))
+    named = (*values, *(name for name, _ in fixed), *clocked, *logged)
+    columns = ", ".join(quote(column(name)) for name in named)
     placeholders = ", ".join(
         [
             *("%s" for _ in values),
+            *(literal(constant) for _, constant in fixed),
             *(clock for _ in clocked),
             *(history.first_sql(connection.vendor, event) for _ in logged),
         ]
@@ -63,6 +71,19 @@ def insert_sql(
         # Written out rather than through ops.return_insert_columns, which Django 6.1 renamed.
         sql += f" RETURNING {quote(column('pk'))}"
     return sql, returning
+
+
+def literal(constant: Any) -> str:
+    """SQL text of a constant every claim writes: NULL, an integer, a choice such as a status, or
+    an empty JSON object (its text, ``"{}"``). Sent in the statement rather than bound: each bound parameter costs the
+    client more CPU than its text costs the server."""
+    if constant is None:
+        return "NULL"
+    if isinstance(constant, int) and not isinstance(constant, bool):
+        return str(constant)
+    if not isinstance(constant, str) or not re.fullmatch(r"[A-Z_]+|\{\}", constant):
+        raise ValueError(f"Not a constant the statements write as a literal: {constant!r}")
+    return f"'{constant}'"
 
 
 @functools.cache

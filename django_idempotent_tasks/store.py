@@ -239,9 +239,9 @@ def insert(
         worker,
         token,
     )
-    sql, returning = statements.insert_sql(alias, (*_INSERTED, *_STAMPED), _CLOCKED, _CLAIMED_EVENT)
+    sql, returning = insert_sql(alias)
     now = statements.prepare(connection, "created_at", timezone.now())
-    params = [*(statements.prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
+    params = [*(getattr(row, name) for name in _CLAIMED), now, now]  # text: nothing to prepare
     claimed = _claimed_event(fence=1, attempt=1, worker=worker, task_id=task_id)
     try:
         with _savepoint(), connection.cursor() as cursor:
@@ -253,11 +253,25 @@ def insert(
     return Claim(record=row, fence=1, attempt=1, recovered=False, token=token, lease_seconds=lease_seconds)
 
 
-# What insert() writes: the Row's columns, then the timestamps (now), then the lease and the
-# retention (on the database clock).
-_INSERTED = _ROW_COLUMNS[1:]
+# What insert() writes: the claim's own values, the timestamps (now), the columns every claim
+# starts with (constants in the statement), then the lease and the retention (on the database clock).
+_CLAIMED = ("scope", "key", "task_name", "fingerprint", "task_id", "worker", "claim_token")
 _STAMPED = ("created_at", "started_at")
+_FRESH = (
+    ("status", Status.IN_PROGRESS.value),
+    ("result", None),
+    ("error", None),
+    ("steps", "{}"),  # the JSON text of an empty object
+    ("attempts", 1),
+    ("fence", 1),
+)
 _CLOCKED = ("lease_expires_at", "expires_at")
+assert {*_CLAIMED, *(name for name, _ in _FRESH)} == set(_ROW_COLUMNS[1:]), "insert() writes every column"
+
+
+def insert_sql(alias: str) -> tuple[str, bool]:
+    """The claim's INSERT on ``alias``, and whether it returns the new primary key (RETURNING)."""
+    return statements.insert_sql(alias, (*_CLAIMED, *_STAMPED), _CLOCKED, _CLAIMED_EVENT, _FRESH)
 
 
 def _claimed_event(**fields: str | int) -> dict[str, str | int]:

@@ -38,6 +38,12 @@ def storable_text(text: str) -> str:
 _JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
+def _may_hold_surrogates(text: str) -> bool:
+    """The ASCII JSON ``text`` escapes a surrogate (a pair, or a lone one that no database stores):
+    the only way its decoded value can hold one. Without such an escape, no second encoding is needed."""
+    return "\\ud" in text or "\\uD" in text
+
+
 # A JSON string literal, and anything but a bracket: what json_depth() skips.
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 _NOT_BRACKET = re.compile(r"[^\[\]{}]+")
@@ -52,22 +58,27 @@ def json_depth(text: str) -> int:
     return deepest
 
 
+# One encoder for every result (stateless, as keys.py's): json.dumps(cls=…) built a new one per call.
+_RESULT_JSON = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), allow_nan=False)
+_UNICODE_JSON = json.JSONEncoder(ensure_ascii=False)
+
+
 def encode_result(value: Any, max_bytes: int, max_depth: int | None = None) -> tuple[Any, str | None]:
     """The JSON form stored for ``value``, or (None, why it cannot be stored on every database).
 
     ``max_depth``: the deepest nesting the column accepts (MariaDB refuses 32 levels or more).
     """
+    if value is None:  # most bodies return nothing: stored as NULL, nothing to encode or check
+        return None, None
     try:
-        text = json.dumps(
-            value, cls=DjangoJSONEncoder, sort_keys=True, separators=(",", ":"), allow_nan=False
-        )
+        text = _RESULT_JSON.encode(value)
     except (TypeError, ValueError) as exc:
         return None, f"The result is not JSON serializable: {exc}"
     except RecursionError:
         return None, "The result is nested too deeply for the JSON encoder (RecursionError)."
     except Exception as exc:  # an encoder hook (a __str__, a default()) that failed: still unstorable
         return None, f"The result could not be encoded as JSON: {exc!r}"
-    if _JSON_NUL.search(text):
+    if "\\u0000" in text and _JSON_NUL.search(text):
         return None, "The result contains a NUL character (\\u0000), which PostgreSQL's jsonb refuses."
     if len(text.encode()) > max_bytes:
         return None, (
@@ -83,8 +94,10 @@ def encode_result(value: Any, max_bytes: int, max_depth: int | None = None) -> t
         stored = json.loads(text)
     except RecursionError:
         return None, "The result is nested too deeply for the JSON decoder (RecursionError)."
+    if not _may_hold_surrogates(text):
+        return stored, None
     try:
-        json.dumps(stored, ensure_ascii=False).encode("utf-8")
+        _UNICODE_JSON.encode(stored).encode("utf-8")
     except UnicodeEncodeError:
         return None, "The result contains a lone surrogate, which is not UTF-8 and which databases refuse."
     return stored, None

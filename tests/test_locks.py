@@ -39,7 +39,7 @@ def test_a_heartbeat_stopped_before_its_first_beat_never_starts_a_thread() -> No
     after = Heartbeat(0.3, counting(later, answer=False))
     after.begin()  # due after the first: once it beats, the scheduler has passed the first
     wait_for(lambda: later, timeout=10, what="the later heartbeat")
-    assert beats == [] and not heartbeat.is_alive() and heartbeat.ident is None
+    assert beats == [] and heartbeat.thread is None
 
 
 def test_a_heartbeat_stopped_before_its_first_beat_is_freed_at_once() -> None:
@@ -60,14 +60,15 @@ def test_a_running_heartbeat_beats_every_interval_until_stopped() -> None:
     heartbeat.begin()
     wait_for(lambda: len(beats) >= 3, timeout=10, what="three beats")
     heartbeat.stop()
-    heartbeat.join(timeout=5)
-    assert not heartbeat.is_alive()
+    assert heartbeat.thread is not None
+    heartbeat.thread.join(timeout=5)
+    assert not heartbeat.thread.is_alive()
 
 
 def test_a_beat_returning_false_ends_the_heartbeat() -> None:
     beats: list[int] = []
     heartbeat = Heartbeat(0.05, counting(beats, answer=False))
     heartbeat.begin()
-    wait_for(lambda: heartbeat.ident is not None, timeout=10, what="the heartbeat to start")
-    heartbeat.join(timeout=5)
+    thread = wait_for(lambda: heartbeat.thread, timeout=10, what="the heartbeat to start")
+    thread.join(timeout=5)
     assert beats == [1]

@@ -105,8 +105,8 @@ def test_a_heartbeat_thread_logs_under_its_delivery_context(lines: Callable[[], 
         heartbeat.begin()
     finally:
         logs.current.reset(token)
-    wait_for(lambda: heartbeat.ident is not None, timeout=10, what="the heartbeat to start")
-    heartbeat.join(timeout=10)
+    thread = wait_for(lambda: heartbeat.thread, timeout=10, what="the heartbeat to start")
+    thread.join(timeout=10)
     assert lines() == ["WARNING task-9 scope-9 hash-9 3 2 started | renewal failed"]
 
 
