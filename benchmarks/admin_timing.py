@@ -6,8 +6,8 @@
     make bench-admin DATABASE_URL=sqlite:////tmp/idem_admin_timing.sqlite3
 
 It creates the database if needed, fills it (once) with ``--rows`` records: 12 task scopes, 2 %
-FAILED, 0.1 % IN_PROGRESS (half of them stuck), created over 30 days and kept 27, so the oldest
-tenth is expired. Then it prints the median of ``--runs`` timings of each page and command, and the
+FAILED, 0.1 % IN_PROGRESS (half of them stuck), one in 3,000 PENDING (an outbox message never sent),
+created over 30 days and kept 27, so the oldest tenth is expired. Then it prints the median of ``--runs`` timings of each page and command, and the
 purge's rate over the expired tenth (restored after each run). Not part of ``make test``.
 """
 
@@ -44,6 +44,7 @@ COLUMNS = (
     "fence",
     "claim_token",
     "task_id",
+    "message",
     "worker",
     "lease_expires_at",
     "created_at",
@@ -55,6 +56,7 @@ SCOPES = 12
 HISTORY = timedelta(days=30)
 RETENTION = timedelta(days=27)
 ERROR = '{"type": "Timeout", "message": "gateway timed out", "traceback": ""}'
+MESSAGE = '{"task": "shop.tasks.charge", "args": [], "kwargs": {"order": %d}, "options": {}}'
 
 
 def create_database(url: str) -> None:
@@ -91,6 +93,8 @@ def rows(first: int, last: int, total: int, now: datetime) -> Iterator[tuple[Any
         scope = f"shop.tasks.task_{n % SCOPES}"
         if n % 1000 == 0:
             status = "IN_PROGRESS"
+        elif n % 3000 == 1500:  # outbox records whose message was never sent: the re-drive's
+            status = "PENDING"
         elif n % 50 == 7:
             status = "FAILED"
         else:
@@ -114,11 +118,12 @@ def rows(first: int, last: int, total: int, now: datetime) -> Iterator[tuple[Any
             1,
             f"{n:032x}",
             f"{n:032x}",
-            f"worker-{n % 4}:{1000 + n % 7}",
+            MESSAGE % n if status == "PENDING" else None,
+            "" if status == "PENDING" else f"worker-{n % 4}:{1000 + n % 7}",
             lease,
             created,
-            created,
-            None if status == "IN_PROGRESS" else created,
+            None if status == "PENDING" else created,
+            None if status in ("IN_PROGRESS", "PENDING") else created,
             created + RETENTION,
         )
 
@@ -252,7 +257,9 @@ def main() -> None:
     from django.core.management import call_command
     from django.test import Client, override_settings
     from django.urls import path
+    from django.utils import timezone
 
+    from django_idempotent_tasks import store
     from django_idempotent_tasks.models import IdempotencyRecord
 
     urls = types.ModuleType("admin_timing_urls")
@@ -272,6 +279,7 @@ def main() -> None:
     pages = [
         ("changelist, no filter", base),
         ("status = FAILED", f"{base}?status__exact=FAILED"),
+        ("status = PENDING", f"{base}?status__exact=PENDING"),
         ("stuck = yes", f"{base}?stuck=yes"),
         ("exact-key search", f"{base}?q={key}"),
         ("prefix search `key*`", f"{base}?q={key[:-2]}*"),
@@ -290,10 +298,18 @@ def main() -> None:
     def command(*args: str) -> Callable[[], None]:
         return lambda: call_command(*args, stdout=io.StringIO())
 
+    def redrive() -> None:
+        """The re-drive's query: PENDING records at least ten minutes old, oldest first."""
+        due = store.records().filter(
+            status="PENDING", created_at__lte=timezone.now() - timedelta(seconds=600)
+        )
+        assert list(due.order_by("created_at", "pk")[:100])
+
     timings = [(label, get(url)) for label, url in pages] + [
         ("`idempotency_status`", command("idempotency_status")),
         ("`idempotency_status KEY --json`", command("idempotency_status", key, "--json")),
         ("`release_idempotency_lock KEY`", command("release_idempotency_lock", key)),
+        ("re-drive query (PENDING, 600 s)", redrive),
     ]
     print(f"{options.rows:,} records on {server()}, median of {options.runs} runs")
     print(f"| {'operation':<32} | {'median':>10} | {'queries':>7} | {'slowest':>9} |")

@@ -218,6 +218,14 @@ class IdempotencyRecord(models.Model):
             ),
             # The admin's date drill-down.
             models.Index(fields=["created_at"], name="django_idempotent_created_idx"),
+            # The re-drive (PENDING, oldest first) and the admin's PENDING filter on PostgreSQL. On
+            # MariaDB and SQLite, where it holds every row, idempotency_status counts by task and
+            # status from it instead of reading the whole table.
+            PostgresPartialIndex(
+                fields=["status", "task_name", "created_at"],
+                name="django_idempotent_pending_idx",
+                where=models.Q(status="PENDING"),
+            ),
         ]
         permissions = [("release_lease", _("Can release stuck leases"))]
 

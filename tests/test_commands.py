@@ -37,8 +37,9 @@ def test_purge_deletes_expired_records_and_keeps_live_leases(django_assert_num_q
     records.expired("stuck", "IN_PROGRESS", lease_expires_at=records.PAST)
     records.expired("live", "IN_PROGRESS", lease_expires_at=records.FUTURE)
     records.make("fresh")
-    # batch 1: SELECT + DELETE, batch 2 (short: the last by expiry), then records without expiry
-    with django_assert_num_queries(5):
+    # each batch reads its last record, then deletes up to it: a full batch, the rest (no record at
+    # a batch's end), then the same for the records without expiry (none)
+    with django_assert_num_queries(6):
         assert run("purge_idempotency_records", "--batch-size", "2") == "Deleted 3 records.\n"
     assert records.keys() == ["fresh", "live"]
 
@@ -48,7 +49,7 @@ def test_purge_counts_with_thousands_separators(django_assert_num_queries: Any) 
         IdempotencyRecord(scope="s", key=f"k{n}", task_name="t", fingerprint="f", expires_at=records.PAST)
         for n in range(1234)
     )
-    with django_assert_num_queries(7):  # three batches, the last one short, then none without expiry
+    with django_assert_num_queries(8):  # three batches, the last one short, then none without expiry
         assert run("purge_idempotency_records", "--batch-size", "500") == "Deleted 1,234 records.\n"
     assert records.keys() == []
 

@@ -35,7 +35,13 @@ from django_idempotent_tasks.models import IdempotencyRecord
 logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
 KEY_DISPLAY_LENGTH = 18
-_BADGE_COLOURS = {"succeeded": "#2e7d32", "failed": "#c62828", "in_progress": "#1565c0", "stuck": "#ef6c00"}
+_BADGE_COLOURS = {
+    "pending": "#6a1b9a",
+    "succeeded": "#2e7d32",
+    "failed": "#c62828",
+    "in_progress": "#1565c0",
+    "stuck": "#ef6c00",
+}
 _GENERAL = ("scope", "key", "task_name", "status_badge", "attempts", "fence", "fingerprint")
 _HISTORY = ("attempts_history",)
 _LEASE = ("lease_holder", "redis_lock")

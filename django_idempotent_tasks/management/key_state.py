@@ -43,13 +43,17 @@ def find_record(key: str, scope: str | None) -> IdempotencyRecord | None:
 def expired_summary() -> dict[str, Any]:
     """How many records a purge would delete (``n``) and the oldest one's expiry (``oldest``)."""
     past = store.records().filter(expires_at__lt=DatabaseNow())
-    # expired() read from the expires_at index alone, less the few live leases among those rows:
-    # one query filtering on status and lease as well reads every row of a large table on MariaDB.
+    # expired() read from the expires_at index alone, less the few records a purge keeps among
+    # those rows (live leases, PENDING): one query filtering on status and lease as well reads
+    # every row of a large table on MariaDB.
     summary: dict[str, Any] = past.aggregate(n=Count("pk"), oldest=Min("expires_at"))
-    live = past.live().count()
-    if live:
-        summary["n"] -= live
-        summary["oldest"] = past.not_live().aggregate(oldest=Min("expires_at"))["oldest"]
+    kept = (past.live() | past.filter(status=IdempotencyRecord.Status.PENDING)).count()
+    if kept:
+        summary["n"] -= kept
+        # The first by the index, not MIN(): MariaDB computed MIN() over every expired row (1–2 s).
+        summary["oldest"] = (
+            store.records().expired().order_by("expires_at").values_list("expires_at", flat=True).first()
+        )
     return summary
 
 

