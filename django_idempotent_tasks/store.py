@@ -16,7 +16,7 @@ from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from django_idempotent_tasks import history, statements
+from django_idempotent_tasks import deadlines, history, statements
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
 from django_idempotent_tasks.values import error_shape
@@ -244,7 +244,7 @@ def insert(
     params = [*(statements.prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
     claimed = _claimed_event(fence=1, attempt=1, worker=worker, task_id=task_id)
     try:
-        with _savepoint(), connection.cursor() as cursor:
+        with _savepoint(), _within_bound(connection, sql) as sql, connection.cursor() as cursor:
             cursor.execute(sql, [*params, lease_seconds, record_ttl, *claimed.values()])
             table, pk = IdempotencyRecord._meta.db_table, statements.column("pk")
             row.pk = cursor.fetchone()[0] if returning else connection.ops.last_insert_id(cursor, table, pk)
@@ -286,8 +286,9 @@ def take_over(
         "expires_at": DatabaseNow(record_ttl),
     }
     claimed = _claimed_event(fence=fence, attempt=attempt, worker=worker, task_id=task_id)
-    if not _named(record).claimable().update(**changes, attempts_log=history.AppendEvent(**claimed)):
-        return None
+    with _within_bound(connections[database()]):
+        if not _named(record).claimable().update(**changes, attempts_log=history.AppendEvent(**claimed)):
+            return None
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
         if isinstance(record, IdempotencyRecord) or name in _ROW_COLUMNS:
@@ -332,8 +333,9 @@ _bound: ContextVar[float | None] = ContextVar("idempotency_statement_bound", def
 
 @contextlib.contextmanager
 def bounded(seconds: float) -> Iterator[None]:
-    """The lease's writes made inside are cancelled by the database after ``seconds`` (row locks
-    and synchronous replication included) rather than wait without end."""
+    """The lease's calls made inside end within about ``seconds``: the database cancels them (row
+    locks and synchronous replication included), and past ``deadlines.GRACE`` more the client cuts
+    the connection (a peer that stopped answering behind a live TCP link)."""
     token = _bound.set(max(seconds, 0.1))
     try:
         yield
@@ -342,30 +344,42 @@ def bounded(seconds: float) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _within_bound(connection: Any, sql: str) -> Iterator[str]:
+def _within_bound(connection: Any, sql: str = "") -> Iterator[str]:
     """``sql`` as sent under the current bound: per statement, so a pooler in transaction mode
-    (PgBouncer) never carries the timeout over to another client."""
+    (PgBouncer) never carries the timeout over to another client. Whatever else runs inside (the
+    PostgreSQL transaction's COMMIT included) is under the bound too."""
     seconds = _bound.get()
     if seconds is None or connection.vendor == "sqlite":  # SQLite: its busy timeout, and hole 6's retry
         yield sql
-    elif connection.vendor == "mysql":
-        # MariaDB: a prefix on the statement itself, no extra round trip. (MySQL has no such prefix
-        # for an UPDATE: its writes stay bound by innodb_lock_wait_timeout.)
-        yield (
-            f"SET STATEMENT max_statement_time={seconds:.3f} FOR {sql}"
-            if connection.mysql_is_mariadb
-            else sql
-        )
-    else:
+        return
+    connection.ensure_connection()  # opening it is bounded by the driver's connect timeout
+    with deadlines.cut_after(connection.connection.fileno(), seconds + deadlines.GRACE):
+        if connection.vendor == "mysql":
+            # MariaDB: a prefix on the statement itself, no extra round trip. (MySQL has no such
+            # prefix for an UPDATE: its writes stay bound by innodb_lock_wait_timeout.)
+            yield (
+                f"SET STATEMENT max_statement_time={seconds:.3f} FOR {sql}"
+                if connection.mysql_is_mariadb and sql
+                else sql
+            )
+            return
         # PostgreSQL: SET LOCAL lasts until the end of the statement's own transaction. Costs a
         # transaction of its own (BEGIN, set_config, COMMIT) when none is open.
         milliseconds = str(int(seconds * 1000))
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
-                [milliseconds, milliseconds],
-            )
-            yield sql
+        with transaction.atomic(using=connection.alias):
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+                        [milliseconds, milliseconds],
+                    )
+                yield sql
+            except DatabaseError:
+                if not connection_works(since=None):
+                    # Cut (or dropped): closed inside the block, Django forgets it instead of
+                    # connecting again, unbounded, to turn autocommit back on.
+                    connection.close()
+                raise
 
 
 def _update_held(
