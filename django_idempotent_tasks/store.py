@@ -244,7 +244,7 @@ def insert(
     params = [*(statements.prepare(connection, name, getattr(row, name)) for name in _INSERTED), now, now]
     claimed = _claimed_event(fence=1, attempt=1, worker=worker, task_id=task_id)
     try:
-        with _savepoint(), _within_bound(connection, sql) as sql, connection.cursor() as cursor:
+        with _within_bound(connection, sql, isolated=True) as sql, connection.cursor() as cursor:
             cursor.execute(sql, [*params, lease_seconds, record_ttl, *claimed.values()])
             table, pk = IdempotencyRecord._meta.db_table, statements.column("pk")
             row.pk = cursor.fetchone()[0] if returning else connection.ops.last_insert_id(cursor, table, pk)
@@ -344,27 +344,31 @@ def bounded(seconds: float) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _within_bound(connection: Any, sql: str = "") -> Iterator[str]:
+def _within_bound(connection: Any, sql: str = "", *, isolated: bool = False) -> Iterator[str]:
     """``sql`` as sent under the current bound: per statement, so a pooler in transaction mode
     (PgBouncer) never carries the timeout over to another client. Whatever else runs inside (the
-    PostgreSQL transaction's COMMIT included) is under the bound too."""
+    PostgreSQL transaction's COMMIT included) is under the bound too. ``isolated``: inside a
+    caller's transaction, in a savepoint (an error must not poison that transaction)."""
     seconds = _bound.get()
     if seconds is None or connection.vendor == "sqlite":  # SQLite: its busy timeout, and hole 6's retry
-        yield sql
+        with _savepoint() if isolated else nullcontext():
+            yield sql
         return
     connection.ensure_connection()  # opening it is bounded by the driver's connect timeout
     with deadlines.cut_after(connection.connection.fileno(), seconds + deadlines.GRACE):
         if connection.vendor == "mysql":
             # MariaDB: a prefix on the statement itself, no extra round trip. (MySQL has no such
             # prefix for an UPDATE: its writes stay bound by innodb_lock_wait_timeout.)
-            yield (
-                f"SET STATEMENT max_statement_time={seconds:.3f} FOR {sql}"
-                if connection.mysql_is_mariadb and sql
-                else sql
-            )
+            with _savepoint() if isolated else nullcontext():
+                yield (
+                    f"SET STATEMENT max_statement_time={seconds:.3f} FOR {sql}"
+                    if connection.mysql_is_mariadb and sql
+                    else sql
+                )
             return
         # PostgreSQL: SET LOCAL lasts until the end of the statement's own transaction. Costs a
-        # transaction of its own (BEGIN, set_config, COMMIT) when none is open.
+        # transaction of its own (BEGIN, set_config, COMMIT) when none is open; inside one, this
+        # block is the savepoint that isolates the statement.
         milliseconds = str(int(seconds * 1000))
         with transaction.atomic(using=connection.alias):
             try:
@@ -383,7 +387,11 @@ def _within_bound(connection: Any, sql: str = "") -> Iterator[str]:
 
 
 def _update_held(
-    claim: Claim, later: dict[str, int] | None = None, event: dict[str, Any] | None = None, **values: Any
+    claim: Claim,
+    later: dict[str, int] | None = None,
+    event: dict[str, Any] | None = None,
+    isolated: bool = False,
+    **values: Any,
 ) -> bool:
     """``UPDATE … WHERE scope, key, fence and claim_token = mine AND status = IN_PROGRESS``; False if
     the key was claimed again since (or is no longer IN_PROGRESS).
@@ -399,7 +407,7 @@ def _update_held(
     params = [statements.prepare(connection, name, value) for name, value in values.items()]
     later, event = later or {}, event or {}
     sql = statements.update_held_sql(alias, tuple(values), tuple(later), tuple(event))
-    with _within_bound(connection, sql) as sql, connection.cursor() as cursor:
+    with _within_bound(connection, sql, isolated=isolated) as sql, connection.cursor() as cursor:
         cursor.execute(
             sql,
             [
@@ -428,17 +436,19 @@ def checkpoint(claim: Claim, steps: dict[str, Any]) -> bool:
 
 def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl: int) -> bool:
     """Mark the key SUCCEEDED with its result; False if the fence moved on."""
-    with _savepoint():  # in an atomic body, a refused value must not poison its transaction
-        written = _update_held(
-            claim,
-            status=Status.SUCCEEDED,
-            result=result,
-            error=error,
-            completed_at=timezone.now(),
-            lease_expires_at=None,
-            later={"expires_at": record_ttl},
-            event={"event": "completed", "fence": claim.fence},
-        )
+    # Isolated: in an atomic body, a refused value must not poison its transaction. (Its savepoint
+    # is made under the bound: a SAVEPOINT to a silent peer would hang as long as the UPDATE.)
+    written = _update_held(
+        claim,
+        status=Status.SUCCEEDED,
+        result=result,
+        error=error,
+        completed_at=timezone.now(),
+        lease_expires_at=None,
+        later={"expires_at": record_ttl},
+        event={"event": "completed", "fence": claim.fence},
+        isolated=True,
+    )
     return written or landed(claim, Status.SUCCEEDED)
 
 
@@ -509,7 +519,8 @@ def _held(claim: Claim) -> Any:
 def fail(claim: Claim, error: dict[str, str], *, for_good_after: int | None = None) -> bool:
     """Mark the key FAILED (retryable, or for good with ``for_good_after``); False if the fence moved on."""
     ended: dict[str, str | int] = {"event": "failed", "fence": claim.fence, "detail": error["type"]}
-    written = _mark_failed(_held(claim), error, at_least_attempts=for_good_after, event=ended)
+    with _within_bound(connections[database()]):
+        written = _mark_failed(_held(claim), error, at_least_attempts=for_good_after, event=ended)
     return written or landed(claim, Status.FAILED, error["type"])
 
 
