@@ -11,7 +11,15 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    router,
+    transaction,
+)
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -377,6 +385,14 @@ def _within_bound(connection: Any, sql: str = "", *, isolated: bool = False) -> 
                         "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
                         [milliseconds, milliseconds],
                     )
+            except DatabaseError as exc:
+                # BEGIN and set_config fail only on a connection that cannot be trusted (a pooler's
+                # server terminated under the BEGIN: psycopg's "received 2 results"): a lost one.
+                connection.close()
+                if isinstance(exc, (OperationalError, InterfaceError)):
+                    raise
+                raise OperationalError(str(exc)) from exc
+            try:
                 yield sql
             except DatabaseError:
                 if not connection_works(since=None):
