@@ -341,9 +341,10 @@ _bound: ContextVar[float | None] = ContextVar("idempotency_statement_bound", def
 
 @contextlib.contextmanager
 def bounded(seconds: float) -> Iterator[None]:
-    """The lease's calls made inside end within about ``seconds``: the database cancels them (row
-    locks and synchronous replication included), and past ``deadlines.GRACE`` more the client cuts
-    the connection (a peer that stopped answering behind a live TCP link)."""
+    """The lease's calls made inside end within about ``seconds``: the database cancels a statement
+    (a row lock), and past ``deadlines.GRACE`` more the client cuts the connection (a peer that
+    stopped answering behind a live TCP link; a COMMIT waiting for a synchronous standby, which
+    PostgreSQL's statement_timeout does not cover)."""
     token = _bound.set(max(seconds, 0.1))
     try:
         yield
