@@ -157,10 +157,13 @@ def claim_record(delivery: Delivery, record: store.Snapshot | None) -> store.Cla
     """Insert the key IN_PROGRESS or take its record over; None while another lease is live."""
     lease: dict[str, Any] = {"task_id": delivery.task_id, "worker": worker_identity()}
     lease.update(lease_seconds=delivery.lock_ttl, record_ttl=delivery.record_ttl)
-    if record is not None:
-        return store.take_over(record, **lease)
-    key, task_name, fingerprint = delivery.key, delivery.task_name, delivery.fingerprint
-    return store.insert(delivery.scope, key, task_name=task_name, fingerprint=fingerprint, **lease)
+    # Bounded like a renewal (issue #25): a claim stuck on a row lock, a synchronous standby or a
+    # peer gone silent gives up within one beat. Inside a caller's transaction, the caller's bounds.
+    with contextlib.nullcontext() if store.in_transaction() else store.bounded(delivery.lock_ttl / 3):
+        if record is not None:
+            return store.take_over(record, **lease)
+        key, task_name, fingerprint = delivery.key, delivery.task_name, delivery.fingerprint
+        return store.insert(delivery.scope, key, task_name=task_name, fingerprint=fingerprint, **lease)
 
 
 def settled(delivery: Delivery, record: store.Snapshot) -> Replayed | None:

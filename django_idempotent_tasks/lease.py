@@ -89,10 +89,10 @@ class Lease:
         connection, pause, again = connections[store.database()], RECONNECT_PAUSE, False
         while True:
             try:
-                if not again:
-                    return write()
-                # A write sent again must end before the lease does (issue #25, bounded waits).
-                with store.bounded(self.until - time.monotonic()):
+                # Bounded (issue #25): the first write may take until the lease ends, and at least
+                # one beat; a write sent again must end before the lease does.
+                left = self.until - time.monotonic()
+                with store.bounded(left if again else max(left, self.ttl / 3)):
                     return write()
             except (OperationalError, InterfaceError) as exc:
                 # SQLite's write lock held by another writer, not a lost connection (issue #25, hole 6).

@@ -11,12 +11,20 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db import (
+    DatabaseError,
+    IntegrityError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    router,
+    transaction,
+)
 from django.db.models import F, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from django_idempotent_tasks import history, statements
+from django_idempotent_tasks import deadlines, history, statements
 from django_idempotent_tasks.exceptions import IdempotencyConfigurationError
 from django_idempotent_tasks.models import DatabaseNow, IdempotencyRecord
 from django_idempotent_tasks.values import error_shape
@@ -244,7 +252,7 @@ def insert(
     params = [*(getattr(row, name) for name in _CLAIMED), now, now]  # text: nothing to prepare
     claimed = _claimed_event(fence=1, attempt=1, worker=worker, task_id=task_id)
     try:
-        with _savepoint(), connection.cursor() as cursor:
+        with _within_bound(connection, sql, isolated=True) as sql, connection.cursor() as cursor:
             cursor.execute(sql, [*params, lease_seconds, record_ttl, *claimed.values()])
             table, pk = IdempotencyRecord._meta.db_table, statements.column("pk")
             row.pk = cursor.fetchone()[0] if returning else connection.ops.last_insert_id(cursor, table, pk)
@@ -300,8 +308,9 @@ def take_over(
         "expires_at": DatabaseNow(record_ttl),
     }
     claimed = _claimed_event(fence=fence, attempt=attempt, worker=worker, task_id=task_id)
-    if not _named(record).claimable().update(**changes, attempts_log=history.AppendEvent(**claimed)):
-        return None
+    with _within_bound(connections[database()]):
+        if not _named(record).claimable().update(**changes, attempts_log=history.AppendEvent(**claimed)):
+            return None
     recovered = record.status == Status.IN_PROGRESS
     for name, value in changes.items():
         if isinstance(record, IdempotencyRecord) or name in _ROW_COLUMNS:
@@ -346,8 +355,10 @@ _bound: ContextVar[float | None] = ContextVar("idempotency_statement_bound", def
 
 @contextlib.contextmanager
 def bounded(seconds: float) -> Iterator[None]:
-    """The lease's writes made inside are cancelled by the database after ``seconds`` (row locks
-    and synchronous replication included) rather than wait without end."""
+    """The lease's calls made inside end within about ``seconds``: the database cancels a statement
+    (a row lock), and past ``deadlines.GRACE`` more the client cuts the connection (a peer that
+    stopped answering behind a live TCP link; a COMMIT waiting for a synchronous standby, which
+    PostgreSQL's statement_timeout does not cover)."""
     token = _bound.set(max(seconds, 0.1))
     try:
         yield
@@ -356,34 +367,62 @@ def bounded(seconds: float) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _within_bound(connection: Any, sql: str) -> Iterator[str]:
+def _within_bound(connection: Any, sql: str = "", *, isolated: bool = False) -> Iterator[str]:
     """``sql`` as sent under the current bound: per statement, so a pooler in transaction mode
-    (PgBouncer) never carries the timeout over to another client."""
+    (PgBouncer) never carries the timeout over to another client. Whatever else runs inside (the
+    PostgreSQL transaction's COMMIT included) is under the bound too. ``isolated``: inside a
+    caller's transaction, in a savepoint (an error must not poison that transaction)."""
     seconds = _bound.get()
     if seconds is None or connection.vendor == "sqlite":  # SQLite: its busy timeout, and hole 6's retry
-        yield sql
-    elif connection.vendor == "mysql":
-        # MariaDB: a prefix on the statement itself, no extra round trip. (MySQL has no such prefix
-        # for an UPDATE: its writes stay bound by innodb_lock_wait_timeout.)
-        yield (
-            f"SET STATEMENT max_statement_time={seconds:.3f} FOR {sql}"
-            if connection.mysql_is_mariadb
-            else sql
-        )
-    else:
-        # PostgreSQL: SET LOCAL lasts until the end of the statement's own transaction. Costs a
-        # transaction of its own (BEGIN, set_config, COMMIT) when none is open.
-        milliseconds = str(int(seconds * 1000))
-        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
-                [milliseconds, milliseconds],
-            )
+        with _savepoint() if isolated else nullcontext():
             yield sql
+        return
+    connection.ensure_connection()  # opening it is bounded by the driver's connect timeout
+    with deadlines.cut_after(connection.connection.fileno(), seconds + deadlines.GRACE):
+        if connection.vendor == "mysql":
+            # MariaDB: a prefix on the statement itself, no extra round trip. (MySQL has no such
+            # prefix for an UPDATE: its writes stay bound by innodb_lock_wait_timeout.)
+            with _savepoint() if isolated else nullcontext():
+                yield (
+                    f"SET STATEMENT max_statement_time={seconds:.3f} FOR {sql}"
+                    if connection.mysql_is_mariadb and sql
+                    else sql
+                )
+            return
+        # PostgreSQL: SET LOCAL lasts until the end of the statement's own transaction. Costs a
+        # transaction of its own (BEGIN, set_config, COMMIT) when none is open; inside one, this
+        # block is the savepoint that isolates the statement.
+        milliseconds = str(int(seconds * 1000))
+        with transaction.atomic(using=connection.alias):
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('statement_timeout', %s, true), set_config('lock_timeout', %s, true)",
+                        [milliseconds, milliseconds],
+                    )
+            except DatabaseError as exc:
+                # BEGIN and set_config fail only on a connection that cannot be trusted (a pooler's
+                # server terminated under the BEGIN: psycopg's "received 2 results"): a lost one.
+                connection.close()
+                if isinstance(exc, (OperationalError, InterfaceError)):
+                    raise
+                raise OperationalError(str(exc)) from exc
+            try:
+                yield sql
+            except DatabaseError:
+                if not connection_works(since=None):
+                    # Cut (or dropped): closed inside the block, Django forgets it instead of
+                    # connecting again, unbounded, to turn autocommit back on.
+                    connection.close()
+                raise
 
 
 def _update_held(
-    claim: Claim, later: dict[str, int] | None = None, event: dict[str, Any] | None = None, **values: Any
+    claim: Claim,
+    later: dict[str, int] | None = None,
+    event: dict[str, Any] | None = None,
+    isolated: bool = False,
+    **values: Any,
 ) -> bool:
     """``UPDATE … WHERE scope, key, fence and claim_token = mine AND status = IN_PROGRESS``; False if
     the key was claimed again since (or is no longer IN_PROGRESS).
@@ -399,7 +438,7 @@ def _update_held(
     params = [statements.prepare(connection, name, value) for name, value in values.items()]
     later, event = later or {}, event or {}
     sql = statements.update_held_sql(alias, tuple(values), tuple(later), tuple(event))
-    with _within_bound(connection, sql) as sql, connection.cursor() as cursor:
+    with _within_bound(connection, sql, isolated=isolated) as sql, connection.cursor() as cursor:
         cursor.execute(
             sql,
             [
@@ -428,18 +467,20 @@ def checkpoint(claim: Claim, steps: dict[str, Any]) -> bool:
 
 def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl: int) -> bool:
     """Mark the key SUCCEEDED with its result; False if the fence moved on."""
-    with _savepoint():  # in an atomic body, a refused value must not poison its transaction
-        written = _update_held(
-            claim,
-            status=Status.SUCCEEDED,
-            result=result,
-            error=error,
-            message=None,  # an outbox task's call is kept only while PENDING or FAILED
-            completed_at=timezone.now(),
-            lease_expires_at=None,
-            later={"expires_at": record_ttl},
-            event={"event": "completed", "fence": claim.fence},
-        )
+    # Isolated: in an atomic body, a refused value must not poison its transaction. (Its savepoint
+    # is made under the bound: a SAVEPOINT to a silent peer would hang as long as the UPDATE.)
+    written = _update_held(
+        claim,
+        status=Status.SUCCEEDED,
+        result=result,
+        error=error,
+        message=None,  # an outbox task's call is kept only while PENDING or FAILED
+        completed_at=timezone.now(),
+        lease_expires_at=None,
+        later={"expires_at": record_ttl},
+        event={"event": "completed", "fence": claim.fence},
+        isolated=True,
+    )
     return written or landed(claim, Status.SUCCEEDED)
 
 
@@ -510,7 +551,8 @@ def _held(claim: Claim) -> Any:
 def fail(claim: Claim, error: dict[str, str], *, for_good_after: int | None = None) -> bool:
     """Mark the key FAILED (retryable, or for good with ``for_good_after``); False if the fence moved on."""
     ended: dict[str, str | int] = {"event": "failed", "fence": claim.fence, "detail": error["type"]}
-    written = _mark_failed(_held(claim), error, at_least_attempts=for_good_after, event=ended)
+    with _within_bound(connections[database()]):
+        written = _mark_failed(_held(claim), error, at_least_attempts=for_good_after, event=ended)
     return written or landed(claim, Status.FAILED, error["type"])
 
 

@@ -5,14 +5,16 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, OperationalError, connection, transaction
 from django.db.transaction import TransactionManagementError
 
 from django_idempotent_tasks import keys, signals, store, values
 from django_idempotent_tasks.exceptions import AttemptsExhausted, LeaseLost, UnstorableResult
+from django_idempotent_tasks.lease import Lease
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.helpers import (
     SETTLE_TIMEOUT,
@@ -27,6 +29,7 @@ from tests.helpers import (
 from tests.testapp import tasks
 from tests.testapp.faults import arm, control
 from tests.testapp.models import Effect
+from tests.topologies.services import BlackholeProxy
 
 
 def mariadb() -> bool:
@@ -42,6 +45,9 @@ BUSY_TIMEOUT = 0.3
 PAUSED_STEP_SLEEP = 3
 #: Seconds another transaction holds a record's row lock: past the 1 s lease of renewal_blocked.
 ROW_LOCK_HELD = 3
+#: Seconds a blackholed proxy stays silent before it heals by itself: an unbounded call would then
+#: succeed (and its test fail) instead of hanging the suite.
+SILENCE_HEALS_AFTER = 60
 
 
 def run_(task: Any, key: str) -> Any:
@@ -279,3 +285,80 @@ class TestBoundedWaits:
             thread.join()
         connection.close()  # the cancelled statement's connection: the next test gets a fresh one
         assert store.renew(claim, 60)
+
+
+@pytest.fixture
+def silent_peer(transactional_db: Any) -> Iterator[BlackholeProxy]:
+    """The records' connection goes through a TCP proxy that can go silent while staying connected
+    (RELIABILITY.md T6 in miniature: the kernel keeps the link alive, no keepalive ever fires)."""
+    settings = connection.settings_dict
+    proxy = BlackholeProxy(0, (str(settings["HOST"]), int(settings["PORT"]))).start()
+    saved = dict(settings)
+    connection.close()
+    # As docs/deployment.md asks: connecting is bounded too (the proxy accepts, then stays silent).
+    options = {**settings.get("OPTIONS", {}), "connect_timeout": 2}
+    settings.update(HOST="127.0.0.1", PORT=str(proxy.port), OPTIONS=options)
+    healer = threading.Timer(SILENCE_HEALS_AFTER, proxy.heal)
+    healer.start()
+    try:
+        yield proxy
+    finally:
+        healer.cancel()
+        proxy.heal()
+        connection.close()
+        settings.clear()
+        settings.update(saved)
+        proxy.stop()
+
+
+def claim_of(key: str) -> store.Claim:
+    claim = store.insert(
+        "s", key, task_name="t", fingerprint="f", task_id="a", worker="w:1", lease_seconds=60, record_ttl=60
+    )
+    assert claim is not None
+    return claim
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="the proxy carries PostgreSQL's TCP port")
+class TestSilentPeer:
+    """Issue #25: the claim and the completion's first write end even when the database's peer stops
+    answering and the link stays up; only a client-side deadline can end those waits."""
+
+    def test_a_claim_through_a_silent_peer_gives_up(self, silent_peer: BlackholeProxy) -> None:
+        connection.ensure_connection()
+        silent_peer.blackhole()
+        with pytest.raises(OperationalError), store.bounded(0.5):
+            store.insert(
+                "s",
+                "silent",
+                task_name="t",
+                fingerprint="f",
+                task_id="a",
+                worker="w",
+                lease_seconds=60,
+                record_ttl=60,
+            )
+        silent_peer.heal()
+        assert not IdempotencyRecord.objects.filter(key="silent").exists()
+
+    def test_a_take_over_through_a_silent_peer_gives_up(self, silent_peer: BlackholeProxy) -> None:
+        claim = claim_of("silent")
+        assert store.fail(claim, values.error_shape("E", "failed"))
+        record = store.lookup("s", "silent")
+        assert record is not None
+        silent_peer.blackhole()
+        with pytest.raises(OperationalError), store.bounded(0.5):
+            store.take_over(record, task_id="b", worker="w", lease_seconds=60, record_ttl=60)
+        silent_peer.heal()
+        assert IdempotencyRecord.objects.get(key="silent").status == IdempotencyRecord.Status.FAILED
+
+    def test_a_completion_through_a_silent_peer_fails_within_its_lease(
+        self, silent_peer: BlackholeProxy
+    ) -> None:
+        claim = claim_of("silent")
+        lease = Lease(claim, None, label="silent", ttl=1, atomic=False, send=lambda *a, **k: None)
+        silent_peer.blackhole()
+        with pytest.raises(OperationalError):
+            lease.write(lambda: store.complete(claim, 1, None, 60))
+        silent_peer.heal()
+        assert IdempotencyRecord.objects.get(key="silent").status == IdempotencyRecord.Status.IN_PROGRESS
