@@ -159,7 +159,11 @@ def claim_record(delivery: Delivery, record: store.Snapshot | None) -> store.Cla
     lease.update(lease_seconds=delivery.lock_ttl, record_ttl=delivery.record_ttl)
     # Bounded like a renewal (issue #25): a claim stuck on a row lock, a synchronous standby or a
     # peer gone silent gives up within one beat. Inside a caller's transaction, the caller's bounds.
-    with contextlib.nullcontext() if store.in_transaction() else store.bounded(delivery.lock_ttl / 3):
+    with (
+        contextlib.nullcontext()
+        if store.in_transaction()
+        else store.bounded(delivery.lock_ttl / 3, client_only=True)
+    ):
         if record is not None:
             return store.take_over(record, **lease)
         key, task_name, fingerprint = delivery.key, delivery.task_name, delivery.fingerprint

@@ -92,7 +92,7 @@ class Lease:
                 # Bounded (issue #25): the first write may take until the lease ends, and at least
                 # one beat; a write sent again must end before the lease does.
                 left = self.until - time.monotonic()
-                with store.bounded(left if again else max(left, self.ttl / 3)):
+                with store.bounded(left if again else max(left, self.ttl / 3), client_only=not again):
                     return write()
             except (OperationalError, InterfaceError) as exc:
                 # SQLite's write lock held by another writer, not a lost connection (issue #25, hole 6).

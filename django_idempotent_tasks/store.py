@@ -350,16 +350,21 @@ def _steps(scope: str, key: str) -> dict[str, Any]:
 
 
 # The bound set by bounded() for the lease's writes made in this thread, in seconds.
-_bound: ContextVar[float | None] = ContextVar("idempotency_statement_bound", default=None)
+_bound: ContextVar[tuple[float, bool] | None] = ContextVar("idempotency_statement_bound", default=None)
 
 
 @contextlib.contextmanager
-def bounded(seconds: float) -> Iterator[None]:
+def bounded(seconds: float, *, client_only: bool = False) -> Iterator[None]:
     """The lease's calls made inside end within about ``seconds``: the database cancels a statement
     (a row lock), and past ``deadlines.GRACE`` more the client cuts the connection (a peer that
     stopped answering behind a live TCP link; a COMMIT waiting for a synchronous standby, which
-    PostgreSQL's statement_timeout does not cover)."""
-    token = _bound.set(max(seconds, 0.1))
+    PostgreSQL's statement_timeout does not cover).
+
+    ``client_only``: on PostgreSQL, only the client's cut, no statement_timeout: the claim and the
+    completion's first write, on every first execution's path, where the server-side bound's own
+    transaction (BEGIN, set_config, COMMIT) tripled the round trips. A write sent again, and a
+    renewal, keep both: the server ends a row-lock wait with an error and the connection lives."""
+    token = _bound.set((max(seconds, 0.1), client_only))
     try:
         yield
     finally:
@@ -372,11 +377,12 @@ def _within_bound(connection: Any, sql: str = "", *, isolated: bool = False) -> 
     (PgBouncer) never carries the timeout over to another client. Whatever else runs inside (the
     PostgreSQL transaction's COMMIT included) is under the bound too. ``isolated``: inside a
     caller's transaction, in a savepoint (an error must not poison that transaction)."""
-    seconds = _bound.get()
-    if seconds is None or connection.vendor == "sqlite":  # SQLite: its busy timeout, and hole 6's retry
+    bound = _bound.get()
+    if bound is None or connection.vendor == "sqlite":  # SQLite: its busy timeout, and hole 6's retry
         with _savepoint() if isolated else nullcontext():
             yield sql
         return
+    seconds, client_only = bound
     connection.ensure_connection()  # opening it is bounded by the driver's connect timeout
     with deadlines.cut_after(connection.connection.fileno(), seconds + deadlines.GRACE):
         if connection.vendor == "mysql":
@@ -388,6 +394,10 @@ def _within_bound(connection: Any, sql: str = "", *, isolated: bool = False) -> 
                     if connection.mysql_is_mariadb and sql
                     else sql
                 )
+            return
+        if client_only:
+            with _savepoint() if isolated else nullcontext(), _closed_if_cut(connection):
+                yield sql
             return
         # PostgreSQL: SET LOCAL lasts until the end of the statement's own transaction. Costs a
         # transaction of its own (BEGIN, set_config, COMMIT) when none is open; inside one, this
@@ -407,14 +417,20 @@ def _within_bound(connection: Any, sql: str = "", *, isolated: bool = False) -> 
                 if isinstance(exc, (OperationalError, InterfaceError)):
                     raise
                 raise OperationalError(str(exc)) from exc
-            try:
+            with _closed_if_cut(connection):
                 yield sql
-            except DatabaseError:
-                if not connection_works(since=None):
-                    # Cut (or dropped): closed inside the block, Django forgets it instead of
-                    # connecting again, unbounded, to turn autocommit back on.
-                    connection.close()
-                raise
+
+
+@contextlib.contextmanager
+def _closed_if_cut(connection: Any) -> Iterator[None]:
+    try:
+        yield
+    except DatabaseError:
+        if not connection_works(since=None):
+            # Cut (or dropped): closed inside the block, Django forgets it instead of connecting
+            # again, unbounded, to turn autocommit back on.
+            connection.close()
+        raise
 
 
 def _update_held(

@@ -136,7 +136,7 @@ def test_10_an_ambiguous_completion_is_read_back_not_taken_for_a_lost_lease(
 def test_10_an_ambiguous_atomic_commit_is_read_back_and_signalled(
     proxy: ReplyDropper, sent: list[str]
 ) -> None:
-    proxy.arm(b"COMMIT", passing=1)  # the claim's own transaction commits first (it is bounded)
+    proxy.arm(b"COMMIT")
     result = tasks.atomic_plain_result.apply(("plain",), {"idempotency_key": "p2-atomic"}, throw=True).get()
     assert result == {"value": "plain"}
     record = IdempotencyRecord.objects.get(key="p2-atomic")

@@ -339,7 +339,8 @@ class TestSilentPeer:
                 record_ttl=60,
             )
         silent_peer.heal()
-        assert not IdempotencyRecord.objects.filter(key="silent").exists()
+        # The cut INSERT may still land once the link heals (docs/guarantee.md): as this delivery's.
+        assert set(IdempotencyRecord.objects.filter(key="silent").values_list("task_id", flat=True)) <= {"a"}
 
     def test_a_take_over_through_a_silent_peer_gives_up(self, silent_peer: BlackholeProxy) -> None:
         claim = claim_of("silent")
@@ -361,4 +362,9 @@ class TestSilentPeer:
         with pytest.raises(OperationalError):
             lease.write(lambda: store.complete(claim, 1, None, 60))
         silent_peer.heal()
-        assert IdempotencyRecord.objects.get(key="silent").status == IdempotencyRecord.Status.IN_PROGRESS
+        # The cut UPDATE may still land once the link heals (docs/guarantee.md): only as this claim's.
+        record = IdempotencyRecord.objects.get(key="silent")
+        assert (record.status, record.claim_token) in {
+            (IdempotencyRecord.Status.IN_PROGRESS, claim.token),
+            (IdempotencyRecord.Status.SUCCEEDED, claim.token),
+        }
