@@ -13,7 +13,16 @@ from django_idempotent_tasks.options import is_idempotent
 from django_idempotent_tasks.spec import KEY_ARGUMENT, Call
 
 PER_TASK_OPTIONS = frozenset(
-    {KEY_ARGUMENT, "idempotency_scope", "lock_ttl", "record_ttl", "on_conflict", "atomic", "max_attempts"}
+    {
+        KEY_ARGUMENT,
+        "idempotency_scope",
+        "lock_ttl",
+        "record_ttl",
+        "on_conflict",
+        "atomic",
+        "max_attempts",
+        "outbox",
+    }
 )
 CALLBACK_OPTIONS = ("link", "link_error", "chain", "chord")
 

@@ -56,12 +56,21 @@ class IdempotencyRecordQuerySet(models.QuerySet["IdempotencyRecord"]):
         return self.filter(status=IdempotencyRecord.Status.IN_PROGRESS).not_live()
 
     def claimable(self) -> IdempotencyRecordQuerySet:
-        """FAILED records and stuck ones: a new delivery may take them over."""
-        return self.filter(status=IdempotencyRecord.Status.FAILED) | self.stuck()
+        """FAILED, PENDING and stuck records: a new delivery may take them over."""
+        waiting = [IdempotencyRecord.Status.FAILED, IdempotencyRecord.Status.PENDING]
+        return self.filter(status__in=waiting) | self.stuck()
+
+    def pending(self) -> IdempotencyRecordQuerySet:
+        """PENDING records (outbox tasks): decided by a caller, not claimed by a worker yet."""
+        return self.filter(status=IdempotencyRecord.Status.PENDING)
 
     def expired(self) -> IdempotencyRecordQuerySet:
-        """Records past their retention that no live lease protects."""
-        return self.filter(expires_at__lt=DatabaseNow()).not_live()
+        """Records past their retention that no live lease protects (never a PENDING one)."""
+        return (
+            self.filter(expires_at__lt=DatabaseNow())
+            .not_live()
+            .exclude(status=IdempotencyRecord.Status.PENDING)
+        )
 
     def scopes(self, limit: int) -> list[str]:
         """The first ``limit`` scopes in use (of the whole table), read through the (scope, key) index."""

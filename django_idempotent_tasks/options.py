@@ -61,6 +61,7 @@ class TaskOptions:
     on_conflict: str
     atomic: bool
     max_attempts: int | None
+    outbox: bool | None = None
 
     # Settings are read at use, not at bind: tasks are bound before override_settings applies, and
     # reading a setting is one attribute lookup.
@@ -78,6 +79,11 @@ class TaskOptions:
     def effective_max_attempts(self) -> int:
         """``max_attempts``, else IDEMPOTENT_TASKS_MAX_ATTEMPTS."""
         return conf.MAX_ATTEMPTS if self.max_attempts is None else self.max_attempts
+
+    @property
+    def effective_outbox(self) -> bool:
+        """``outbox``, else IDEMPOTENT_TASKS_OUTBOX."""
+        return conf.OUTBOX if self.outbox is None else self.outbox
 
 
 def _positive_or_none(value: Any) -> bool:
@@ -101,6 +107,10 @@ RULES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "record_ttl": (_positive_or_none, _SECONDS),
     "max_attempts": (_positive_or_none, _POSITIVE),
     "atomic": (lambda value: isinstance(value, bool), "True or False"),
+    "outbox": (
+        lambda value: value is None or isinstance(value, bool),
+        "True, False or None (use the setting)",
+    ),
     "scope": (_scope, _SCOPE),
     "idempotency_scope": (_scope, _SCOPE),
     "key": (_key_source, _KEY),
@@ -128,7 +138,7 @@ def check_options(
 
 
 TASK_OPTIONS: tuple[str, ...] = ("idempotency_key", "idempotency_scope", "lock_ttl", "record_ttl")
-TASK_OPTIONS += ("on_conflict", "atomic", "max_attempts")
+TASK_OPTIONS += ("on_conflict", "atomic", "max_attempts", "outbox")
 
 
 def task_options(task: Any) -> TaskOptions:
@@ -150,6 +160,7 @@ def freeze(name: str, values: Mapping[str, Any]) -> TaskOptions:
         on_conflict=values["on_conflict"],
         atomic=values["atomic"],
         max_attempts=values["max_attempts"],
+        outbox=values.get("outbox"),
     )
 
 

@@ -11,8 +11,9 @@ from django_idempotent_tasks import compat
 
 
 def purgeable(queryset: Any) -> Any:
-    """``queryset`` without the IN_PROGRESS records whose lease is live: those are never purged."""
-    return queryset.not_live()
+    """``queryset`` without the IN_PROGRESS records whose lease is live and the PENDING ones (a
+    message on its way, or lost and waiting for the re-drive): those are never purged."""
+    return queryset.not_live().exclude(status="PENDING")
 
 
 def purge(queryset: Any, *, batch_size: int, progress: Any = None) -> int:

@@ -420,6 +420,7 @@ def complete(claim: Claim, result: Any, error: dict[str, str] | None, record_ttl
             status=Status.SUCCEEDED,
             result=result,
             error=error,
+            message=None,  # an outbox task's call is kept only while PENDING or FAILED
             completed_at=timezone.now(),
             lease_expires_at=None,
             later={"expires_at": record_ttl},
@@ -551,3 +552,60 @@ def note_lease_lost(claim: Claim) -> None:
     # The history is a courtesy to the operator: never let it turn a lost lease into another error.
     with contextlib.suppress(DatabaseError), _savepoint():
         records().filter(scope=claim.record.scope, key=claim.record.key).update(attempts_log=lost)
+
+
+# The outbox (caller side): a PENDING record holds the message that publishes the call again.
+
+
+def insert_pending(
+    scope: str, key: str, *, task_name: str, fingerprint: str, task_id: str, message: dict[str, Any]
+) -> bool:
+    """Create the record PENDING (fence 0, no attempt yet); False if another caller created it first."""
+    record = IdempotencyRecord(
+        scope=scope,
+        key=key,
+        task_name=task_name,
+        status=Status.PENDING,
+        fingerprint=fingerprint,
+        attempts=0,
+        fence=0,
+        claim_token=new_token(),
+        task_id=task_id,
+        message=message,
+    )
+    try:
+        with _savepoint():
+            record.save(using=database(), force_insert=True)
+    except IntegrityError:
+        return False
+    return True
+
+
+def lookup_latest(scope: str, key: str) -> Snapshot | None:
+    """The record as last committed, even inside a caller's transaction on MySQL (whose repeatable
+    read would show the snapshot taken before a concurrent INSERT committed)."""
+    if in_transaction() and connections[database()].vendor == "mysql":
+        return records().select_for_update().filter(scope=scope, key=key).first()  # type: ignore[no-any-return]
+    return lookup(scope, key)
+
+
+def repend(record: Snapshot, *, task_id: str, message: dict[str, Any], reset_attempts: bool = False) -> bool:
+    """Put a FAILED record back to PENDING under ``task_id`` (a compare-and-set on its claim token);
+    False if it is no longer the FAILED record read."""
+    changes: dict[str, Any] = {
+        "status": Status.PENDING,
+        "task_id": task_id,
+        "message": message,
+        "lease_expires_at": None,
+        "expires_at": None,
+        "claim_token": new_token(),
+    }
+    if reset_attempts:
+        changes["attempts"] = 0
+    return bool(_named(record).filter(status=Status.FAILED).update(**changes))
+
+
+def note_sent(record: Snapshot, message: dict[str, Any]) -> bool:
+    """Store the message of a PENDING record as sent again (its new send time); False if it moved on."""
+    pending = records().filter(scope=record.scope, key=record.key, status=Status.PENDING)
+    return bool(pending.filter(task_id=record.task_id).update(message=message))

@@ -13,10 +13,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 from celery import shared_task
 from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
+from celery.utils import uuid
 from celery.worker.request import Request
 
-from django_idempotent_tasks import canvas, compat, idempotency, purging, spec, store, values
-from django_idempotent_tasks.conf import conflict_countdown
+from django_idempotent_tasks import canvas, compat, idempotency, outbox, purging, spec, store, values
+from django_idempotent_tasks.conf import conf, conflict_countdown
 from django_idempotent_tasks.delivery import Delivery, deliver
 from django_idempotent_tasks.exceptions import TaskInProgress, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
@@ -49,6 +50,8 @@ def _current(task: Any) -> _Call | None:
     return next((call for call in reversed(_calls.get()) if call.task is task), None)
 
 
+#: Celery's positional arguments of ``apply_async`` after ``task_id``.
+SENDING_ARGUMENTS = ("producer", "link", "link_error", "shadow")
 CONFLICTS_HEADER = "idempotency_conflicts"  # how many times this delivery was re-queued by a conflict
 #: The stored result of a key whose body replaced itself (``self.replace``) or raised ``Ignore``.
 HANDED_ON = {"django_idempotent_tasks.handed_on": True}
@@ -78,6 +81,7 @@ class IdempotentTask(Base):
     on_conflict: ClassVar[str] = "retry"
     atomic: ClassVar[bool] = False
     max_attempts: ClassVar[int | None] = None
+    outbox: ClassVar[bool | None] = None
     _idempotency_spec: ClassVar[Spec | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -121,7 +125,8 @@ class IdempotentTask(Base):
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, *extra: Any, **options: Any
     ) -> Any:
-        kwargs = canvas.checked(self, args, kwargs, options).kwargs
+        checked = canvas.checked(self, args, kwargs, options)
+        kwargs = checked.kwargs
         call = _current(self)
         if call is not None and task_id is not None and task_id == call.task_id:
             # self.retry() sends while we still hold the lock: send after the release instead.
@@ -129,7 +134,41 @@ class IdempotentTask(Base):
                 functools.partial(super().apply_async, args, kwargs, task_id, *extra, **options)
             )
             return self.AsyncResult(task_id)
+        if self._through_outbox(options):
+            options.update(zip(SENDING_ARGUMENTS, extra, strict=False))
+            return self._send_through_outbox(checked, args, task_id or uuid(), options)
         return super().apply_async(args, kwargs, task_id, *extra, **options)
+
+    def _through_outbox(self, options: Mapping[str, Any]) -> bool:
+        """A new call of an outbox task: not a re-publish, an eager run or a canvas step the worker sends."""
+        if not self.idempotency_options.effective_outbox or outbox.is_republishing():
+            return False
+        if self.app.conf.task_always_eager:
+            return False
+        # The next step of a chain and a callback are sent by the worker with the parent's id.
+        parent, running = options.get("parent_id"), self.app.current_worker_task
+        return not (parent is not None and running is not None and running.request.id == parent)
+
+    def _send_through_outbox(
+        self, checked: spec.Call, args: Any, task_id: str, options: dict[str, Any]
+    ) -> Any:
+        """Record the call PENDING in the caller's transaction and publish it after commit, or
+        attach to the work already on its way, or replay the stored result."""
+        options = {**options, "task_id": task_id}
+        stored = outbox.message(self.name, task_id, args, checked.kwargs, options)
+        task_options = self.idempotency_options
+        call = outbox.Call(
+            scope=task_options.scope,
+            key=checked.key,
+            task_name=self.name,
+            fingerprint=checked.fingerprint,
+            max_attempts=task_options.effective_max_attempts,
+        )
+        send = functools.partial(super().apply_async, args, checked.kwargs, **options)
+        enqueued = outbox.enqueue(call, stored, send)
+        if enqueued.replayed:
+            return outbox.replayed_result(enqueued, self.name)
+        return self.AsyncResult(enqueued.task_id)
 
     def apply(self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any) -> Any:
         return super().apply(args, canvas.checked(self, args, kwargs, options).kwargs, *extra, **options)
@@ -138,6 +177,10 @@ class IdempotentTask(Base):
         self, args: Any = None, kwargs: Any = None, *extra: Any, **options: Any
     ) -> None:
         kwargs = canvas.checked(self, args, kwargs, options).kwargs
+        if self._through_outbox(options):
+            # The record is written now, in the caller's transaction; the publish follows its commit.
+            self.apply_async(args, kwargs, None, *extra, **options)
+            return
         super().apply_async_on_commit(args, kwargs, *extra, **options)
 
     def delay_on_commit(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
@@ -199,7 +242,8 @@ class IdempotentTask(Base):
         conflicts = int(getattr(request, CONFLICTS_HEADER, None) or 0)
         countdown = conflict_countdown(conflicts, self.idempotency_options.effective_lock_ttl)
         headers = {CONFLICTS_HEADER: conflicts + 1}
-        self.signature_from_request(request, countdown=countdown, headers=headers).apply_async()
+        with outbox.republishing():  # the same message again, never new work for the outbox
+            self.signature_from_request(request, countdown=countdown, headers=headers).apply_async()
         raise Ignore()
 
     def free_timed_out_claim(
@@ -222,3 +266,9 @@ class IdempotentTask(Base):
 def purge_expired_records(batch_size: int = 1000) -> int:
     """Delete expired records; schedule it with celery beat."""
     return purging.purge(store.records().expired(), batch_size=batch_size)
+
+
+@shared_task(name="django_idempotent_tasks.redrive_pending_records", ignore_result=True)
+def redrive_pending_records(limit: int = 1000) -> int:
+    """Send again the PENDING records whose message never arrived; schedule it with celery beat."""
+    return len(outbox.redrive(conf.REDRIVE_AFTER, limit))

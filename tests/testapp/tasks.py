@@ -512,3 +512,19 @@ def renewal_blocked(self: Any, hold: float) -> Any:
     locked.wait()
     thread.join()
     return self.idempotency.step("after", lambda: control().incr(f"calls:{key}"))
+
+
+@shared_task(base=IdempotentTask, bind=True, outbox=True, ignore_result=True)
+def outbox_effect(self: Any, value: Any, sleep: float = 0) -> dict[str, Any]:
+    return effect(self, value, sleep)
+
+
+@shared_task(base=IdempotentTask, bind=True, outbox=True, max_attempts=3, ignore_result=True)
+def outbox_failing(self: Any, fail_times: int) -> dict[str, Any]:
+    return effect_failing(self, fail_times, lambda: RuntimeError("declined"))
+
+
+@shared_task(base=IdempotentTask, bind=True, outbox=True, ignore_result=True)
+def outbox_typed(self: Any, when: Any, amount: Any, ident: Any, pair: Any) -> dict[str, Any]:
+    """Arguments whose types Celery's JSON serializer keeps: datetime, Decimal, UUID, a tuple."""
+    return effect(self, [str(when), str(amount), str(ident), list(pair)])

@@ -1,0 +1,299 @@
+"""The caller-side lifecycle of an outbox task: the PENDING record written in the caller's
+transaction, attach and replay at the caller, and the re-drive of messages that never arrived."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import logging
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
+
+from celery import current_app, states
+from celery.result import EagerResult
+from celery.utils import uuid
+from django.db import transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from kombu.exceptions import OperationalError as BrokerError
+from kombu.utils import json as kombu_json
+
+from django_idempotent_tasks import keys, store
+from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyError, IdempotencyKeyMismatch
+from django_idempotent_tasks.models import IdempotencyRecord
+
+logger = logging.getLogger("django_idempotent_tasks")
+Status = IdempotencyRecord.Status
+
+#: The sending options a stored message keeps: where it goes and when, nothing else.
+ROUTING = ("queue", "routing_key", "exchange", "priority", "headers")
+#: Options that hold signatures (callbacks, the rest of a chain): kept, so a re-send loses no canvas.
+CANVAS = ("link", "link_error", "chain", "group_id", "group_index", "root_id", "parent_id")
+
+# Set while the package itself re-publishes a call (the re-drive, "Send again", a conflict's
+# re-queue): such a send is the same work on its way again, never new work for the outbox.
+_republishing: ContextVar[bool] = ContextVar("django_idempotent_tasks_republishing", default=False)
+
+
+class OutboxError(IdempotencyError, ValueError):
+    """A record cannot be sent again: it holds no message, or it is not in the right status."""
+
+
+class ReplayedResult(EagerResult[Any]):
+    """The finished result of a key that had already succeeded: nothing was sent."""
+
+    replayed = True
+
+
+@contextlib.contextmanager
+def republishing() -> Iterator[None]:
+    """Sends made inside are re-publishes of work already recorded: they bypass the outbox."""
+    token = _republishing.set(True)
+    try:
+        yield
+    finally:
+        _republishing.reset(token)
+
+
+def is_republishing() -> bool:
+    return _republishing.get()
+
+
+def _name(value: Any) -> Any:
+    return getattr(value, "name", value)  # a kombu Queue or Exchange: its name
+
+
+def _absolute(value: Any, now: datetime.datetime) -> str | None:
+    """A countdown, ETA or expiry (seconds or a datetime) as an absolute ISO time in UTC."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        value = now + datetime.timedelta(seconds=value)
+    if isinstance(value, str):
+        value = parse_datetime(value)
+    if timezone.is_naive(value):
+        value = timezone.make_aware(value, datetime.timezone.utc)
+    return str(value.astimezone(datetime.timezone.utc).isoformat())
+
+
+def message(
+    task_name: str,
+    task_id: str,
+    args: Sequence[Any] | None,
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+) -> dict[str, Any]:
+    """The stored message of a call: enough to publish it again, exactly, under its task id.
+
+    The arguments and callbacks go through kombu's JSON encoding, which keeps the types Celery's
+    JSON serializer keeps (datetime, Decimal, UUID): a re-sent call has the fingerprint of the first.
+    """
+    now = timezone.now()
+    sending = {name: _name(options[name]) for name in ROUTING if options.get(name) is not None}
+    eta = _absolute(options.get("eta") if options.get("eta") is not None else options.get("countdown"), now)
+    expires = _absolute(options.get("expires"), now)
+    canvas = {name: options[name] for name in CANVAS if options.get(name) is not None}
+    call = {"args": list(args or ()), "kwargs": dict(kwargs), **canvas}
+    return {
+        "task": task_name,
+        "id": task_id,
+        "call": json.loads(kombu_json.dumps(call)),
+        "options": sending,
+        "eta": eta,
+        "expires": expires,
+        "sent_at": now.isoformat(),
+    }
+
+
+def _decoded(stored: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:
+    """The args, kwargs and sending options of a stored message."""
+    call = kombu_json.loads(json.dumps(stored["call"]))
+    options = dict(stored.get("options") or {})
+    options.update({name: call[name] for name in CANVAS if call.get(name) is not None})
+    for name in ("eta", "expires"):
+        if stored.get(name):
+            options[name] = parse_datetime(stored[name])
+    return list(call["args"]), dict(call["kwargs"]), options
+
+
+def publish(stored: Mapping[str, Any], app: Any = None) -> Any:
+    """Publish a stored message under its own task id, through its task's own ``apply_async``
+    (its routing and defaults) when this process knows the task."""
+    app = app or current_app
+    args, kwargs, options = _decoded(stored)
+    task = app.tasks.get(stored["task"])
+    with republishing():
+        if task is not None:
+            return task.apply_async(args, kwargs, task_id=stored["id"], **options)
+        return app.send_task(stored["task"], args, kwargs, task_id=stored["id"], **options)
+
+
+def _send_or_warn(send: Callable[[], Any], label: str) -> None:
+    try:
+        send()
+    except (BrokerError, OSError) as exc:
+        # The record is committed PENDING: the re-drive sends it once the broker is back.
+        logger.warning(
+            "%s could not be published (%r); its record is PENDING and the re-drive will send it.",
+            label,
+            exc,
+            extra={"idempotency_outcome": "publish_failed"},
+        )
+
+
+def _after_commit(send: Callable[[], Any], label: str) -> None:
+    """Publish when the caller's transaction commits (at once in autocommit): a rollback sends nothing."""
+    if store.in_transaction():
+        transaction.on_commit(lambda: _send_or_warn(send, label), using=store.database())
+    else:
+        _send_or_warn(send, label)
+
+
+@dataclass(frozen=True)
+class Enqueued:
+    """What the outbox did with one call: ``sent`` (a new message), else attached or replayed."""
+
+    task_id: str
+    sent: bool = False
+    replayed: bool = False
+    value: Any = None
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call of an outbox task, checked by its spec: where and under which key it is recorded."""
+
+    scope: str
+    key: str
+    task_name: str
+    fingerprint: str
+    max_attempts: int
+
+
+def enqueue(call: Call, stored: dict[str, Any], send: Callable[[], Any]) -> Enqueued:
+    """Record the call PENDING and publish it after commit, attach to it, or replay it; raises
+    IdempotencyKeyMismatch (nothing written or sent) for a key used with other arguments."""
+    label = f"{call.task_name}[{keys.loggable(call.key)}]"
+    record: store.Snapshot | None = store.lookup(call.scope, call.key)
+    for _ in range(3):
+        if record is None:
+            inserted = store.insert_pending(
+                call.scope,
+                call.key,
+                task_name=call.task_name,
+                fingerprint=call.fingerprint,
+                task_id=stored["id"],
+                message=stored,
+            )
+            if inserted:
+                _after_commit(send, label)
+                return Enqueued(stored["id"], sent=True)
+            record = store.lookup_latest(call.scope, call.key)  # another caller's INSERT won
+            continue
+        if record.fingerprint != call.fingerprint:
+            raise IdempotencyKeyMismatch(
+                f"The idempotency key {keys.loggable(call.key)!r} of {call.task_name!r} was used "
+                "before with different arguments. Use a new key for new work."
+            )
+        if record.status == Status.SUCCEEDED:
+            return Enqueued(record.task_id, replayed=True, value=record.result)
+        if record.status != Status.FAILED:
+            return Enqueued(record.task_id)  # PENDING or IN_PROGRESS: already on its way
+        if store.is_exhausted(record, call.max_attempts):
+            raise AttemptsExhausted(
+                f"{label} failed for good after {record.attempts} attempts "
+                f"(max_attempts={call.max_attempts}); nothing was sent."
+            )
+        if store.repend(record, task_id=stored["id"], message=stored):
+            _after_commit(send, label)
+            return Enqueued(stored["id"], sent=True)
+        record = store.lookup_latest(call.scope, call.key)
+    raise IdempotencyError(f"{label}: its record kept changing under the caller; nothing was sent.")
+
+
+def replayed_result(enqueued: Enqueued, task_name: str) -> ReplayedResult:
+    """The finished result of a key that had already succeeded, holding its stored value."""
+    return ReplayedResult(enqueued.task_id, enqueued.value, states.SUCCESS, name=task_name)
+
+
+# Operators and the re-drive: a stored message sent again.
+
+
+def _stored(record: IdempotencyRecord, status: str) -> dict[str, Any]:
+    if record.status != status:
+        raise OutboxError(
+            f"{record} is {record.status}, not {status}: "
+            + (
+                "only a PENDING record is sent again."
+                if status == Status.PENDING
+                else "only a FAILED record is run again."
+            )
+        )
+    if not isinstance(record.message, dict) or not record.message.get("call"):
+        raise OutboxError(f"{record} holds no message to send (it is not a task with outbox=True).")
+    return dict(record.message)
+
+
+def send_again(record: IdempotencyRecord) -> str:
+    """Publish a PENDING record's stored message again under its own task id; returns the task id."""
+    stored = _stored(record, Status.PENDING)
+    stored["sent_at"] = timezone.now().isoformat()
+    publish(stored)
+    store.note_sent(record, stored)
+    return str(stored["id"])
+
+
+def run_again(record: IdempotencyRecord) -> str:
+    """Put a FAILED record of an outbox task back to PENDING under a new task id, attempts reset,
+    and publish it after commit; returns the new task id."""
+    stored = _stored(record, Status.FAILED)
+    stored.update(id=uuid(), sent_at=timezone.now().isoformat())
+    if not store.repend(record, task_id=stored["id"], message=stored, reset_attempts=True):
+        raise OutboxError(f"{record} changed since it was read (another delivery or operator took it).")
+    _after_commit(lambda: publish(stored), str(record))
+    return str(stored["id"])
+
+
+def due(stored: Mapping[str, Any], older_than: int, now: datetime.datetime) -> bool:
+    """A PENDING message is due for a re-send: ``older_than`` seconds past its send time and its ETA."""
+    since = max(
+        parse_datetime(value)  # type: ignore[type-var]
+        for value in (stored.get("sent_at"), stored.get("eta"))
+        if value
+    )
+    return since is not None and now >= since + datetime.timedelta(seconds=older_than)
+
+
+def redrivable(older_than: int, limit: int | None = None) -> list[IdempotencyRecord]:
+    """The PENDING records with a message due for a re-send, oldest first (at most ``limit``)."""
+    now = timezone.now()
+    found: list[IdempotencyRecord] = []
+    # created_at bounds the send time from below: only records at least that old can be due.
+    candidates = (
+        store.records().pending().filter(created_at__lte=now - datetime.timedelta(seconds=older_than))
+    )
+    for record in candidates.order_by("created_at", "pk").iterator(chunk_size=500):
+        if (
+            isinstance(record.message, dict)
+            and record.message.get("call")
+            and due(record.message, older_than, now)
+        ):
+            found.append(record)
+            if limit is not None and len(found) >= limit:
+                break
+    return found
+
+
+def redrive(older_than: int, limit: int | None = None) -> list[str]:
+    """Send again the PENDING records due for it; returns the task ids sent (a failed send is logged)."""
+    sent: list[str] = []
+    for record in redrivable(older_than, limit):
+        try:
+            sent.append(send_again(record))
+        except (BrokerError, OSError) as exc:
+            logger.warning("%s could not be sent again: %r; the next re-drive tries again.", record, exc)
+            break  # the broker is down: the others would fail the same way
+    return sent

@@ -1,0 +1,199 @@
+"""The outbox at the caller (``outbox=True``): the PENDING record written in the caller's
+transaction, attach, replay and mismatch at enqueue, counted at a real broker with no worker."""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+from django.db import close_old_connections, transaction
+
+from django_idempotent_tasks import outbox
+from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyKeyMismatch
+from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.outbox import OutboxError, ReplayedResult
+from tests import brokers
+from tests.running import run_task
+from tests.testapp.tasks import outbox_effect, outbox_failing, record_effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+Status = IdempotencyRecord.Status
+
+
+def queued() -> list[dict[str, Any]]:
+    """The messages waiting at the broker (Redis), as the worker would read them."""
+    import redis
+    from django.conf import settings
+
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    return [json.loads(raw) for raw in broker.lrange("celery", 0, -1)]
+
+
+def stored(key: str) -> dict[str, Any]:
+    """The message the record of ``key`` keeps."""
+    message = IdempotencyRecord.objects.get(key=key).message
+    assert isinstance(message, dict)
+    return message
+
+
+@pytest.fixture(autouse=True)
+def _redis_broker() -> None:
+    if brokers.is_amqp():
+        pytest.skip("counts messages in the Redis broker's list")  # the default broker of the suite
+
+
+def test_delay_writes_a_pending_record_and_publishes_one_message() -> None:
+    result = outbox_effect.delay(1, idempotency_key="ob-new")
+    record = IdempotencyRecord.objects.get(key="ob-new")
+    assert record.status == Status.PENDING
+    assert (record.task_id, record.fence, record.attempts) == (result.id, 0, 0)
+    assert stored("ob-new")["task"] == outbox_effect.name
+    assert stored("ob-new")["id"] == result.id
+    assert [message["headers"]["id"] for message in queued()] == [result.id]
+
+
+def test_a_second_delay_attaches_and_publishes_nothing() -> None:
+    first = outbox_effect.delay(1, idempotency_key="ob-attach")
+    second = outbox_effect.delay(1, idempotency_key="ob-attach")
+    assert isinstance(second, AsyncResult) and not isinstance(second, ReplayedResult)
+    assert second.id == first.id
+    assert len(queued()) == 1
+
+
+def test_a_mismatch_at_enqueue_is_raised_and_nothing_is_written_or_sent() -> None:
+    outbox_effect.delay(1, idempotency_key="ob-mismatch")
+    with pytest.raises(IdempotencyKeyMismatch):
+        outbox_effect.delay(2, idempotency_key="ob-mismatch")
+    assert stored("ob-mismatch")["call"]["args"] == [1]
+    assert len(queued()) == 1
+
+
+def test_delay_after_success_publishes_nothing_and_returns_the_stored_value() -> None:
+    run_task(outbox_effect, 7, key="ob-done")  # eager: the key SUCCEEDED, no message
+    assert IdempotencyRecord.objects.get(key="ob-done").message is None
+    result = outbox_effect.delay(7, idempotency_key="ob-done")
+    assert isinstance(result, ReplayedResult) and result.replayed
+    assert result.get() == {"value": 7, "fence": 1}
+    assert queued() == []
+
+
+def test_a_rollback_leaves_neither_record_nor_message() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        outbox_effect.delay(1, idempotency_key="ob-rollback")
+        assert IdempotencyRecord.objects.filter(key="ob-rollback").exists()
+        assert queued() == []  # the publish waits for the commit
+        raise RuntimeError("the view failed")
+    assert not IdempotencyRecord.objects.filter(key="ob-rollback").exists()
+    assert queued() == []
+
+
+def test_the_publish_follows_the_commit() -> None:
+    with transaction.atomic():
+        result = outbox_effect.delay(1, idempotency_key="ob-commit")
+        assert queued() == []
+    assert [message["headers"]["id"] for message in queued()] == [result.id]
+
+
+def test_delay_on_commit_writes_the_record_in_the_callers_transaction() -> None:
+    with transaction.atomic():
+        outbox_effect.delay_on_commit(1, idempotency_key="ob-on-commit")
+        assert IdempotencyRecord.objects.get(key="ob-on-commit").status == Status.PENDING
+        assert queued() == []
+    assert len(queued()) == 1
+
+
+def test_signatures_and_groups_go_through_the_outbox() -> None:
+    from celery import group
+
+    outbox_effect.s(1, idempotency_key="ob-sig").apply_async()
+    outbox_effect.s(1, idempotency_key="ob-sig").apply_async()
+    group(outbox_effect.s(n, idempotency_key=f"ob-group-{n}") for n in range(3)).apply_async()
+    assert IdempotencyRecord.objects.filter(status=Status.PENDING).count() == 4
+    assert len(queued()) == 4
+
+
+def test_a_task_without_the_outbox_writes_nothing_at_enqueue() -> None:
+    record_effect.delay(1, idempotency_key="ob-off")
+    assert not IdempotencyRecord.objects.filter(key="ob-off").exists()
+    assert len(queued()) == 1
+
+
+def test_the_setting_turns_the_outbox_on(settings: Any) -> None:
+    settings.IDEMPOTENT_TASKS_OUTBOX = True
+    record_effect.delay(1, idempotency_key="ob-setting")
+    assert IdempotencyRecord.objects.get(key="ob-setting").status == Status.PENDING
+
+
+def test_a_failed_key_goes_back_to_pending_under_a_new_task_id() -> None:
+    with pytest.raises(RuntimeError):
+        run_task(outbox_failing, 1, key="ob-failed")
+    failed = IdempotencyRecord.objects.get(key="ob-failed")
+    assert failed.status == Status.FAILED
+    result = outbox_failing.delay(1, idempotency_key="ob-failed")
+    record = IdempotencyRecord.objects.get(key="ob-failed")
+    assert (record.status, record.task_id, record.attempts) == (Status.PENDING, result.id, 1)
+    assert result.id != failed.task_id
+    assert [message["headers"]["id"] for message in queued()] == [result.id]
+
+
+def test_a_key_failed_for_good_is_refused_at_enqueue() -> None:
+    for _ in range(3):
+        with pytest.raises(RuntimeError):
+            run_task(outbox_failing, 5, key="ob-exhausted")
+    with pytest.raises(AttemptsExhausted):
+        outbox_failing.delay(5, idempotency_key="ob-exhausted")
+    assert queued() == []
+
+
+def test_twenty_threads_publish_one_message() -> None:
+    barrier = threading.Barrier(20)
+    ids: list[str] = []
+
+    def call() -> None:
+        try:
+            barrier.wait()
+            ids.append(outbox_effect.delay(1, idempotency_key="ob-threads").id)
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=call) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(ids) == 20 and len(set(ids)) == 1
+    assert [message["headers"]["id"] for message in queued()] == ids[:1]
+
+
+def test_send_again_republishes_a_pending_record_under_its_task_id() -> None:
+    result = outbox_effect.delay(1, idempotency_key="ob-send-again")
+    brokers.empty()  # the message was lost
+    record = IdempotencyRecord.objects.get(key="ob-send-again")
+    assert outbox.send_again(record) == result.id
+    assert [message["headers"]["id"] for message in queued()] == [result.id]
+    assert queued()[0]["headers"]["task"] == outbox_effect.name
+
+
+def test_run_again_puts_a_failed_record_back_to_pending_with_attempts_reset() -> None:
+    for _ in range(3):
+        with pytest.raises(RuntimeError):
+            run_task(outbox_failing, 5, key="ob-run-again")
+    record = IdempotencyRecord.objects.get(key="ob-run-again")
+    assert record.message is None  # run eagerly: no message was stored
+    with pytest.raises(OutboxError, match="holds no message"):
+        outbox.run_again(record)
+    outbox_failing.delay(5, idempotency_key="ob-run-again-2")
+    brokers.empty()
+    IdempotencyRecord.objects.filter(key="ob-run-again-2").update(status=Status.FAILED, attempts=3)
+    failed = IdempotencyRecord.objects.get(key="ob-run-again-2")
+    task_id = outbox.run_again(failed)
+    again = IdempotencyRecord.objects.get(key="ob-run-again-2")
+    assert (again.status, again.attempts, again.task_id) == (Status.PENDING, 0, task_id)
+    assert [message["headers"]["id"] for message in queued()] == [task_id]
+    with pytest.raises(OutboxError, match="not FAILED"):
+        outbox.run_again(again)
+    with pytest.raises(OutboxError, match="not PENDING"):
+        outbox.send_again(record)
