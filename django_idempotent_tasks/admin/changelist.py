@@ -61,9 +61,7 @@ class RecordChangeList(ChangeList):
     # *args: Django 5.0 added exclude_parameters, which 4.2 does not accept.
     def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
         queryset = (
-            super()
-            .get_queryset(request, *args, **kwargs)
-            .defer("result", "error", "steps", "attempts_log", "message")
+            super().get_queryset(request, *args, **kwargs).defer("result", "error", "steps", "attempts_log")
         )
         params = compat.changelist_params(self)
         expired = params.get(ExpiredFilter.parameter_name) == "yes"

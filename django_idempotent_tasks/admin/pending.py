@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 from django.utils.translation import gettext
 
 from django_idempotent_tasks.conf import conf
@@ -13,9 +14,14 @@ from django_idempotent_tasks.models import IdempotencyRecord
 Status = IdempotencyRecord.Status
 
 
+def _moment(record: IdempotencyRecord, name: str) -> datetime | None:
+    value = record.message.get(name) if isinstance(record.message, dict) else None
+    return parse_datetime(value) if isinstance(value, str) else None
+
+
 def since(record: IdempotencyRecord) -> datetime:
-    """When the record's current message was decided (the caller's INSERT, or the last Run again)."""
-    return record.created_at
+    """When the record's message was last sent (by the caller, Run again or a re-send)."""
+    return _moment(record, "sent_at") or record.created_at
 
 
 def age(moment: datetime) -> str:
@@ -33,16 +39,23 @@ def describe(record: IdempotencyRecord) -> str:
         return gettext("Failed: Run again puts it back to PENDING and publishes it under a new task id.")
     if record.status != Status.PENDING:
         return gettext("Taken by a worker: the stored message is kept until the key succeeds.")
+    now = timezone.now()
     values = {"age": age(since(record)), "after": conf.REDRIVE_AFTER}
-    overdue = (timezone.now() - since(record)).total_seconds() > conf.REDRIVE_AFTER
-    if overdue:
+    eta = _moment(record, "eta")
+    # The re-drive's rule (outbox.due): REDRIVE_AFTER seconds past the last send and past the ETA.
+    if max(since(record), eta or since(record)) + timedelta(seconds=conf.REDRIVE_AFTER) <= now:
         text = gettext(
-            "Pending for %(age)s, past the re-drive age (%(after)s s): no worker has taken it. Check that "
+            "Sent %(age)s ago, past the re-drive age (%(after)s s), and no worker has taken it: check that "
             "redrive_idempotency_records runs (the beat entry django_idempotent_tasks.redrive_pending_records), "
             "or send it again."
         )
+    elif eta is not None and eta > now:
+        values["eta"] = age(now - (eta - now))  # the time left until the ETA, in the same short form
+        text = gettext(
+            "Sent %(age)s ago for a run in %(eta)s (its ETA): the re-drive waits %(after)s s past the ETA."
+        )
     else:
         text = gettext(
-            "Pending for %(age)s: on its way to a worker. The re-drive sends it again once it is %(after)s s old."
+            "Sent %(age)s ago, on its way to a worker: the re-drive sends it again once it is %(after)s s old."
         )
     return text % values

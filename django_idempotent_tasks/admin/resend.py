@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -16,7 +15,9 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
+from kombu.exceptions import OperationalError as BrokerError
 
+from django_idempotent_tasks import outbox
 from django_idempotent_tasks.admin.actions import log_entries
 from django_idempotent_tasks.models import IdempotencyRecord
 
@@ -31,25 +32,12 @@ logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
 
 
-def _send_again(record: IdempotencyRecord) -> str:
-    from django_idempotent_tasks import outbox  # the caller side: loaded when an operator acts
-
-    return outbox.send_again(record)
-
-
-def _run_again(record: IdempotencyRecord) -> str:
-    from django_idempotent_tasks import outbox
-
-    return outbox.run_again(record)
-
-
 @dataclass(frozen=True)
 class Resend:
     """One of the two ways to publish an outbox record's stored message again."""
 
-    name: str
+    name: str  # also the outbox function that does it: outbox.send_again, outbox.run_again
     status: str
-    publish: Callable[[IdempotencyRecord], str]
     title: StrPromise
     button: StrPromise
     warning: StrPromise
@@ -64,7 +52,6 @@ class Resend:
 SEND_AGAIN = Resend(
     name="send_again",
     status=Status.PENDING,
-    publish=_send_again,
     title=_("Send the message again?"),
     button=_("Yes, send it again"),
     warning=_(
@@ -77,7 +64,6 @@ SEND_AGAIN = Resend(
 RUN_AGAIN = Resend(
     name="run_again",
     status=Status.FAILED,
-    publish=_run_again,
     title=_("Run the key again?"),
     button=_("Yes, run it again"),
     warning=_(
@@ -114,14 +100,29 @@ class ResendViews(_ModelAdmin):
     def run_again_selected(self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord]) -> None:
         self._resend_selected(request, queryset, RUN_AGAIN)
 
-    def _publish(self, request: HttpRequest, record: IdempotencyRecord, how: Resend) -> str:
+    def _publish(self, request: HttpRequest, record: IdempotencyRecord, how: Resend) -> str | None:
+        """Publish ``record`` again and log it; None (and a message to the user) if nothing was sent."""
         attempts = record.attempts
-        task_id = how.publish(record)
+        try:
+            task_id: str = getattr(outbox, how.name)(record)
+        except outbox.OutboxError as exc:
+            # A worker claimed the key, or another operator acted, after the page read the record.
+            self.message_user(
+                request, gettext("Nothing was sent: %(reason)s") % {"reason": exc}, messages.WARNING
+            )
+            return None
+        except (BrokerError, OSError) as exc:
+            message = gettext(
+                "The broker did not take the message of %(record)s (%(error)s): it is still PENDING, and the "
+                "re-drive sends it once the broker is back."
+            )
+            self.message_user(request, message % {"record": record, "error": exc}, messages.ERROR)
+            return None
         log_entries(
             request, CHANGE, how.logged.format(task_id=task_id, attempts=attempts), [(record.pk, str(record))]
         )
         logger.info(
-            "Admin user %s: %s %s (task id %s).", request.user.get_username(), how.name, record.pk, task_id
+            "Admin user %s: %s of %s (task id %s).", request.user.get_username(), how.name, record.pk, task_id
         )
         return task_id
 
@@ -144,7 +145,10 @@ class ResendViews(_ModelAdmin):
         # Only a POST carrying the confirmation page's "post" field publishes; CSRF guards every POST.
         if request.method == "POST" and request.POST.get("post") == "yes":
             task_id = self._publish(request, record, how)
-            self.message_user(request, how.done % {"record": record, "task_id": task_id}, messages.SUCCESS)
+            if task_id is not None:
+                self.message_user(
+                    request, how.done % {"record": record, "task_id": task_id}, messages.SUCCESS
+                )
             return HttpResponseRedirect(page)
         context = {
             **self.admin_site.each_context(request),
@@ -161,19 +165,18 @@ class ResendViews(_ModelAdmin):
         self, request: HttpRequest, queryset: QuerySet[IdempotencyRecord], how: Resend
     ) -> None:
         chosen = list(queryset.filter(status=how.status, message__isnull=False))
-        for record in chosen:
-            self._publish(request, record, how)
-        if chosen:
+        sent = [record for record in chosen if self._publish(request, record, how) is not None]
+        if sent:
             message = (
-                ngettext("Sent %(count)d record again.", "Sent %(count)d records again.", len(chosen))
+                ngettext("Sent %(count)d record again.", "Sent %(count)d records again.", len(sent))
                 if how is SEND_AGAIN
                 else ngettext(
                     "%(count)d record runs again: it is PENDING, its attempts reset.",
                     "%(count)d records run again: they are PENDING, their attempts reset.",
-                    len(chosen),
+                    len(sent),
                 )
             )
-            self.message_user(request, message % {"count": len(chosen)}, messages.SUCCESS)
+            self.message_user(request, message % {"count": len(sent)}, messages.SUCCESS)
         skipped = queryset.count() - len(chosen)
         if skipped:
             message = ngettext(

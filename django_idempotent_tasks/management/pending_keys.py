@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
-from django.utils import timezone
-
-from django_idempotent_tasks import store
+from django_idempotent_tasks import outbox
 from django_idempotent_tasks.conf import conf
-from django_idempotent_tasks.models import IdempotencyRecord
 
 NEXT_STEP = (
     "Their messages were lost or are late: run `python manage.py redrive_idempotency_records` to send "
@@ -41,10 +37,7 @@ class OverduePending:
 
 
 def overdue(pending: int) -> OverduePending:
-    """The overdue PENDING records, counted only when there are PENDING records at all (``pending``)."""
+    """The PENDING records the re-drive would send now, counted only when there are PENDING records."""
     after = conf.REDRIVE_AFTER
-    if not pending:
-        return OverduePending(0, after)
-    cutoff = timezone.now() - timedelta(seconds=after)
-    found = store.records().filter(status=IdempotencyRecord.Status.PENDING, created_at__lt=cutoff)
-    return OverduePending(found.count(), after)
+    # The re-drive's own rule (outbox.redrivable): REDRIVE_AFTER seconds past the last send and the ETA.
+    return OverduePending(len(outbox.redrivable(after)) if pending else 0, after)
