@@ -25,6 +25,7 @@ class IdempotentTasksConfig(AppConfig):
         register(checks.check_record_databases, tag, Tags.database)
         register(checks.check_key_collation, tag, Tags.database)
         register(celery_checks.check_purge_scheduled, tag, deploy=True)
+        register(celery_checks.check_redrive_scheduled, tag, deploy=True)
         register(celery_checks.check_db_reuse, tag, deploy=True)
         register(checks.check_records_table, tag, deploy=True)
         register(checks.check_replication, tag, Tags.database, deploy=True)

@@ -215,7 +215,7 @@ def check_purge_scheduled(app_configs: Any = None, **kwargs: Any) -> list[checks
     if app is None:
         return []
     scheduled = {entry.get("task") for entry in (app.conf.beat_schedule or {}).values()}
-    if PURGE_TASK in scheduled or _in_beat_database():
+    if PURGE_TASK in scheduled or _in_beat_database(PURGE_TASK):
         return []
     return [
         checks.Warning(
@@ -229,15 +229,43 @@ def check_purge_scheduled(app_configs: Any = None, **kwargs: Any) -> list[checks
     ]
 
 
-def _in_beat_database() -> bool:
-    """Whether django-celery-beat's database scheduler (if installed) has the purge enabled."""
+REDRIVE_TASK = "django_idempotent_tasks.redrive_pending_records"
+
+
+def check_redrive_scheduled(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W012 (deploy): outbox tasks exist and no celery beat schedule runs redrive_pending_records."""
+    app = find_app()
+    if app is None:
+        return []
+    autodiscover_modules("tasks")
+    outbox_tasks = [task.name for task in idempotent_tasks(app) if task.idempotency_options.effective_outbox]
+    if not outbox_tasks:
+        return []
+    scheduled = {entry.get("task") for entry in (app.conf.beat_schedule or {}).values()}
+    if REDRIVE_TASK in scheduled or _in_beat_database(REDRIVE_TASK):
+        return []
+    return [
+        checks.Warning(
+            f"No celery beat schedule entry runs {REDRIVE_TASK!r}, and {len(outbox_tasks)} task(s) use the "
+            f"outbox ({', '.join(outbox_tasks[:3])}{', …' if len(outbox_tasks) > 3 else ''}): a message the "
+            "broker lost or a publish that failed leaves its record PENDING and nothing sends it again.",
+            hint=f'Add an entry with "task": {REDRIVE_TASK!r} to beat_schedule (CELERY_BEAT_SCHEDULE), every '
+            "few minutes, or a periodic task in django-celery-beat, or run redrive_idempotency_records "
+            f"from cron and silence {PREFIX}.W012.",
+            id=f"{PREFIX}.W012",
+        )
+    ]
+
+
+def _in_beat_database(task: str) -> bool:
+    """Whether django-celery-beat's database scheduler (if installed) has ``task`` enabled."""
     if not django_apps.is_installed("django_celery_beat"):
         return False
     # Looked up by name: django-celery-beat is optional, never a dependency.
     model = "django_celery_beat.PeriodicTask"  # a variable, so that django-stubs does not resolve it
     periodic_task: Any = django_apps.get_model(model)
     try:
-        return bool(periodic_task.objects.filter(task=PURGE_TASK, enabled=True).exists())
+        return bool(periodic_task.objects.filter(task=task, enabled=True).exists())
     except DatabaseError:  # not migrated yet: nothing is scheduled there
         return False
 

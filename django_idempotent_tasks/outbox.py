@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from celery import current_app, states
+from celery import states
 from celery.result import EagerResult
 from celery.utils import uuid
 from django.db import transaction
@@ -21,9 +21,10 @@ from django.utils.dateparse import parse_datetime
 from kombu.exceptions import OperationalError as BrokerError
 from kombu.utils import json as kombu_json
 
-from django_idempotent_tasks import keys, store
+from django_idempotent_tasks import compat, keys, store
 from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyError, IdempotencyKeyMismatch
 from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.options import apps_with_bound_tasks
 
 logger = logging.getLogger("django_idempotent_tasks")
 Status = IdempotencyRecord.Status
@@ -119,16 +120,32 @@ def _decoded(stored: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any], dict
     return list(call["args"]), dict(call["kwargs"]), options
 
 
+def celery_app() -> Any:
+    """The project's Celery app (current, or the one holding idempotent tasks); never Celery's
+    default app, which would publish to a broker nobody configured."""
+    app = compat.current_app()
+    if app is None:
+        bound = apps_with_bound_tasks()
+        app = bound.pop() if len(bound) == 1 else None
+    if app is None:
+        raise OutboxError(
+            "No Celery app is loaded in this process, so a record cannot be sent again: import your "
+            "Celery app in your project's __init__.py (from .celery import app as celery_app), as "
+            "Celery's Django guide says."
+        )
+    return app
+
+
 def publish(stored: Mapping[str, Any], app: Any = None) -> Any:
     """Publish a stored message under its own task id, through its task's own ``apply_async``
     (its routing and defaults) when this process knows the task."""
-    app = app or current_app
-    args, kwargs, options = _decoded(stored)
+    app = app or celery_app()
+    args, kwargs, sending = _decoded(stored)
     task = app.tasks.get(stored["task"])
     with republishing():
         if task is not None:
-            return task.apply_async(args, kwargs, task_id=stored["id"], **options)
-        return app.send_task(stored["task"], args, kwargs, task_id=stored["id"], **options)
+            return task.apply_async(args, kwargs, task_id=stored["id"], **sending)
+        return app.send_task(stored["task"], args, kwargs, task_id=stored["id"], **sending)
 
 
 def _send_or_warn(send: Callable[[], Any], label: str) -> None:

@@ -13,7 +13,12 @@ django.setup()
 app = Celery("tests")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["tests.testapp", "django_idempotent_tasks"])
-# As a project should (check --deploy warns otherwise): beat purges the expired records hourly.
+# As a project should (check --deploy warns otherwise): beat purges the expired records hourly and
+# sends again the messages of outbox tasks that never arrived.
 app.conf.beat_schedule = {
-    "purge-idempotency-records": {"task": "django_idempotent_tasks.purge_expired_records", "schedule": 3600}
+    "purge-idempotency-records": {"task": "django_idempotent_tasks.purge_expired_records", "schedule": 3600},
+    "redrive-idempotency-records": {
+        "task": "django_idempotent_tasks.redrive_pending_records",
+        "schedule": 300,
+    },
 }

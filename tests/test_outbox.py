@@ -5,18 +5,30 @@ from __future__ import annotations
 
 import json
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
+import redis
+from celery import Celery
 from celery.result import AsyncResult
+from django.conf import settings as django_settings
+from django.core.management import CommandError
 from django.db import close_old_connections, transaction
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from django_idempotent_tasks import outbox
-from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyKeyMismatch
+from django_idempotent_tasks.exceptions import (
+    AttemptsExhausted,
+    IdempotencyConfigurationError,
+    IdempotencyKeyMismatch,
+)
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.outbox import OutboxError, ReplayedResult
+from django_idempotent_tasks.tasks import IdempotentTask, purge_expired_records, redrive_pending_records
 from tests import brokers
-from tests.running import run_task
+from tests.running import run_command, run_task
 from tests.testapp.tasks import outbox_effect, outbox_failing, record_effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -25,10 +37,7 @@ Status = IdempotencyRecord.Status
 
 def queued() -> list[dict[str, Any]]:
     """The messages waiting at the broker (Redis), as the worker would read them."""
-    import redis
-    from django.conf import settings
-
-    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     return [json.loads(raw) for raw in broker.lrange("celery", 0, -1)]
 
 
@@ -197,3 +206,150 @@ def test_run_again_puts_a_failed_record_back_to_pending_with_attempts_reset() ->
         outbox.run_again(again)
     with pytest.raises(OutboxError, match="not PENDING"):
         outbox.send_again(record)
+
+
+def bound_task(**options: Any) -> Any:
+    app = Celery("outbox-rules", set_as_current=False)
+
+    def body(self: Any, value: int) -> int:
+        return value
+
+    decorate: Any = app.task
+    return decorate(base=IdempotentTask, bind=True, lazy=False, shared=False, name="rules.outbox", **options)(
+        body
+    )
+
+
+@pytest.mark.parametrize("value", [1, "yes", 0])
+def test_the_outbox_option_is_true_false_or_none(value: Any) -> None:
+    with pytest.raises(
+        IdempotencyConfigurationError, match=r"outbox must be True, False or None \(use the setting\)"
+    ):
+        bound_task(outbox=value)
+    assert bound_task(outbox=None).idempotency_options.effective_outbox is False
+
+
+def test_the_outbox_is_an_option_of_the_task_not_of_one_call() -> None:
+    with pytest.raises(TypeError, match="outbox is an option of the task, not of one call"):
+        outbox_effect.apply_async((1,), {"idempotency_key": "ob-per-call"}, outbox=False)
+    assert not IdempotencyRecord.objects.exists()
+
+
+def test_an_eager_call_writes_no_pending_record(settings: Any) -> None:
+    settings.CELERY_TASK_ALWAYS_EAGER = True
+    from tests.celery_app import app
+
+    app.conf.task_always_eager = True
+    try:
+        assert outbox_effect.delay(3, idempotency_key="ob-eager").get() == {"value": 3, "fence": 1}
+    finally:
+        app.conf.task_always_eager = False
+    assert IdempotencyRecord.objects.get(key="ob-eager").status == Status.SUCCEEDED
+    assert queued() == []
+
+
+def test_the_stored_message_keeps_routing_and_turns_a_countdown_into_an_eta() -> None:
+    before = timezone.now()
+    outbox_effect.apply_async(
+        (1,), {"idempotency_key": "ob-route"}, countdown=60, queue="elsewhere", priority=3, expires=3600
+    )
+    message = stored("ob-route")
+    assert message["options"] == {"queue": "elsewhere", "priority": 3}
+    eta = parse_datetime(message["eta"])
+    assert eta is not None and before + timedelta(seconds=60) <= eta <= timezone.now() + timedelta(seconds=60)
+    assert message["call"] == {"args": [1], "kwargs": {"idempotency_key": "ob-route"}}
+    broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    # kombu's Redis transport keeps a queue's priorities in lists named after it.
+    assert sum(broker.llen(name) for name in broker.keys("elsewhere*")) == 1
+
+
+def age(key: str, seconds: int) -> None:
+    """Make the record of ``key`` and its message ``seconds`` older."""
+    record = IdempotencyRecord.objects.get(key=key)
+    message = dict(record.message or {})
+    for name in ("sent_at", "eta"):
+        at = parse_datetime(message.get(name) or "")
+        if at is not None:
+            message[name] = (at - timedelta(seconds=seconds)).isoformat()
+    IdempotencyRecord.objects.filter(pk=record.pk).update(
+        created_at=record.created_at - timedelta(seconds=seconds), message=message
+    )
+
+
+def test_the_redrive_command_sends_records_older_than_the_setting(settings: Any) -> None:
+    settings.IDEMPOTENT_TASKS_REDRIVE_AFTER = 600
+    for n in range(3):
+        outbox_effect.delay(n, idempotency_key=f"ob-redrive-{n}")
+    brokers.empty()
+    age("ob-redrive-0", 700)
+    age("ob-redrive-1", 900)
+    assert run_command("redrive_idempotency_records", "--dry-run") == "Would send 2 records again.\n"
+    assert queued() == []
+    assert run_command("redrive_idempotency_records", "--limit", "1") == "Sent 1 record again.\n"
+    assert [message["headers"]["id"] for message in queued()] == [
+        IdempotencyRecord.objects.get(key="ob-redrive-1").task_id
+    ]
+    # The re-sent record waits the re-drive age again before its next re-send.
+    assert run_command("redrive_idempotency_records") == "Sent 1 record again.\n"
+    assert run_command("redrive_idempotency_records") == "No records to send again.\n"
+    assert (
+        run_command("redrive_idempotency_records", "--older-than", "1m", "--dry-run")
+        == "No records to send again.\n"
+    )
+    assert run_command("redrive_idempotency_records", "--verbosity", "0") == ""
+
+
+def test_the_redrive_command_prints_json() -> None:
+    result = outbox_effect.delay(1, idempotency_key="ob-redrive-json")
+    age("ob-redrive-json", 700)
+    assert json.loads(run_command("redrive_idempotency_records", "--dry-run", "--json")) == {
+        "dry_run": True,
+        "count": 1,
+        "records": [
+            {
+                "scope": outbox_effect.name,
+                "key": "ob-redrive-json",
+                "task": outbox_effect.name,
+                "task_id": result.id,
+            }
+        ],
+    }
+
+
+def test_the_redrive_counts_from_the_messages_eta() -> None:
+    outbox_effect.apply_async((1,), {"idempotency_key": "ob-tomorrow"}, countdown=86400)
+    age("ob-tomorrow", 3600)  # sent an hour ago, for tomorrow: not lost
+    assert run_command("redrive_idempotency_records", "--dry-run") == "No records to send again.\n"
+    age("ob-tomorrow", 86400)
+    assert run_command("redrive_idempotency_records", "--dry-run") == "Would send 1 record again.\n"
+
+
+def test_the_periodic_task_redrives(settings: Any) -> None:
+    settings.IDEMPOTENT_TASKS_REDRIVE_AFTER = 60
+    outbox_effect.delay(1, idempotency_key="ob-periodic")
+    brokers.empty()
+    assert redrive_pending_records() == 0
+    age("ob-periodic", 61)
+    assert redrive_pending_records() == 1
+    assert len(queued()) == 1
+
+
+def test_the_redrive_age_and_limit_are_validated() -> None:
+    for args, error in [
+        (("--older-than", "0s"), "'0s' is not a duration"),
+        (("--older-than", "soon"), "'soon' is not a duration"),
+        (("--limit", "0"), "'0' is not a positive integer"),
+    ]:
+        with pytest.raises(CommandError, match=error):
+            run_command("redrive_idempotency_records", *args)
+
+
+def test_the_purge_never_deletes_a_pending_record() -> None:
+    outbox_effect.delay(1, idempotency_key="ob-purge")
+    IdempotencyRecord.objects.filter(key="ob-purge").update(expires_at=timezone.now() - timedelta(days=1))
+    assert run_command("purge_idempotency_records") == "No records to delete.\n"
+    assert run_command(
+        "purge_idempotency_records", "--older-than", "1m", "--status", "PENDING", "--dry-run"
+    ) in ("No records to delete.\n")
+    assert purge_expired_records() == 0
+    assert IdempotencyRecord.objects.get(key="ob-purge").status == Status.PENDING

@@ -19,6 +19,16 @@ def duration(value: str) -> timedelta:
     return timedelta(**{_UNITS[match[2]]: int(match[1])})
 
 
+def age(value: str) -> timedelta:
+    """A positive age such as ``1h``, ``10m`` or ``30s`` (``duration`` with seconds too)."""
+    match = re.fullmatch(r"([0-9]+)s", value)
+    if match is None:
+        return duration(value)
+    if int(match[1]) == 0:
+        raise ArgumentTypeError(f"{value!r} is not a duration such as 1h, 10m or 30s.")
+    return timedelta(seconds=int(match[1]))
+
+
 def positive_int(value: str) -> int:
     """An integer of at least 1."""
     try:

@@ -528,3 +528,8 @@ def outbox_failing(self: Any, fail_times: int) -> dict[str, Any]:
 def outbox_typed(self: Any, when: Any, amount: Any, ident: Any, pair: Any) -> dict[str, Any]:
     """Arguments whose types Celery's JSON serializer keeps: datetime, Decimal, UUID, a tuple."""
     return effect(self, [str(when), str(amount), str(ident), list(pair)])
+
+
+@shared_task(base=IdempotentTask, bind=True, outbox=True, max_retries=5, max_attempts=10, ignore_result=True)
+def outbox_retrying(self: Any, fail_times: int) -> dict[str, Any]:
+    return effect_failing(self, fail_times, lambda: self.retry(countdown=0, exc=RuntimeError("try again")))
