@@ -4,16 +4,18 @@ send it again."""
 from __future__ import annotations
 
 import contextlib
+import io
+import json
 import threading
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from django.core.management import CommandError, call_command
 from django.db import InterfaceError, OperationalError, connections
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 
-from django_idempotent_tasks import outbox
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests.chaos.plan import Fault, value_of
 from tests.chaosapp.tasks import chaos_outbox
@@ -84,7 +86,7 @@ def broker_drop(ctx: Context, fault: Fault) -> None:
 
 
 class Redrive(threading.Thread):
-    """The re-drive, run every REDRIVE_EVERY s as a beat entry would, until stopped."""
+    """``manage.py redrive_idempotency_records``, run every REDRIVE_EVERY s as cron or beat would."""
 
     def __init__(self, older_than: int = REDRIVE_AFTER) -> None:
         super().__init__(daemon=True, name="chaos-redrive")
@@ -95,10 +97,19 @@ class Redrive(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.wait(REDRIVE_EVERY):
+            output = io.StringIO()
             try:
-                self.sent += outbox.redrive(self.older_than)
-            except (OperationalError, InterfaceError) as exc:  # the soak restarts PostgreSQL
+                call_command(
+                    "redrive_idempotency_records",
+                    "--older-than",
+                    f"{self.older_than}s",
+                    "--json",
+                    stdout=output,
+                )
+            except (OperationalError, InterfaceError, CommandError) as exc:  # the soak restarts PostgreSQL
                 self.errors.append(repr(exc))
+            else:
+                self.sent += [record["task_id"] for record in json.loads(output.getvalue())["records"]]
             finally:
                 connections.close_all()
 
