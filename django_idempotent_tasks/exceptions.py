@@ -35,5 +35,9 @@ class UnstorableResult(IdempotencyError):
     """An eager run finished and its key is done, but its result could not be stored (JSON, size)."""
 
 
+class OutboxError(IdempotencyError, ValueError):
+    """A record cannot be sent or run again: it holds no message, or it is in another status."""
+
+
 class IdempotencyConfigurationError(IdempotencyError, ImproperlyConfigured):
     """A setting of this app or an option of an idempotent task is missing or invalid."""

@@ -22,7 +22,12 @@ from kombu.exceptions import OperationalError as BrokerError
 from kombu.utils import json as kombu_json
 
 from django_idempotent_tasks import compat, keys, store
-from django_idempotent_tasks.exceptions import AttemptsExhausted, IdempotencyError, IdempotencyKeyMismatch
+from django_idempotent_tasks.exceptions import (
+    AttemptsExhausted,
+    IdempotencyError,
+    IdempotencyKeyMismatch,
+    OutboxError,
+)
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.options import apps_with_bound_tasks
 
@@ -37,10 +42,6 @@ CANVAS = ("link", "link_error", "chain", "group_id", "group_index", "root_id", "
 # Set while the package itself re-publishes a call (the re-drive, "Send again", a conflict's
 # re-queue): such a send is the same work on its way again, never new work for the outbox.
 _republishing: ContextVar[bool] = ContextVar("django_idempotent_tasks_republishing", default=False)
-
-
-class OutboxError(IdempotencyError, ValueError):
-    """A record cannot be sent again: it holds no message, or it is not in the right status."""
 
 
 class ReplayedResult(EagerResult[Any]):

@@ -23,9 +23,10 @@ from django_idempotent_tasks.exceptions import (
     AttemptsExhausted,
     IdempotencyConfigurationError,
     IdempotencyKeyMismatch,
+    OutboxError,
 )
 from django_idempotent_tasks.models import IdempotencyRecord
-from django_idempotent_tasks.outbox import OutboxError, ReplayedResult
+from django_idempotent_tasks.outbox import ReplayedResult
 from django_idempotent_tasks.tasks import IdempotentTask, purge_expired_records, redrive_pending_records
 from tests import brokers
 from tests.running import run_command, run_task
