@@ -19,6 +19,7 @@ from kombu.exceptions import OperationalError as BrokerError
 
 from django_idempotent_tasks import outbox
 from django_idempotent_tasks.admin.actions import log_entries
+from django_idempotent_tasks.exceptions import OutboxError
 from django_idempotent_tasks.models import IdempotencyRecord
 
 if TYPE_CHECKING:
@@ -105,7 +106,7 @@ class ResendViews(_ModelAdmin):
         attempts = record.attempts
         try:
             task_id: str = getattr(outbox, how.name)(record)
-        except outbox.OutboxError as exc:
+        except OutboxError as exc:
             # A worker claimed the key, or another operator acted, after the page read the record.
             self.message_user(
                 request, gettext("Nothing was sent: %(reason)s") % {"reason": exc}, messages.WARNING
