@@ -261,6 +261,12 @@ def send_again(record: IdempotencyRecord) -> str:
     stored["sent_at"] = timezone.now().isoformat()
     publish(stored)
     store.note_sent(record, stored)
+    logger.info(
+        "%s[%s] was sent again under its task id %s.",
+        record.task_name,
+        keys.loggable(record.key),
+        stored["id"],
+    )
     return str(stored["id"])
 
 
@@ -277,12 +283,9 @@ def run_again(record: IdempotencyRecord) -> str:
 
 def due(stored: Mapping[str, Any], older_than: int, now: datetime.datetime) -> bool:
     """A PENDING message is due for a re-send: ``older_than`` seconds past its send time and its ETA."""
-    since = max(
-        parse_datetime(value)  # type: ignore[type-var]
-        for value in (stored.get("sent_at"), stored.get("eta"))
-        if value
-    )
-    return since is not None and now >= since + datetime.timedelta(seconds=older_than)
+    times = [parse_datetime(stored.get(name) or "") for name in ("sent_at", "eta")]
+    since = max((time for time in times if time is not None), default=None)
+    return since is None or now >= since + datetime.timedelta(seconds=older_than)
 
 
 def redrivable(older_than: int, limit: int | None = None) -> list[IdempotencyRecord]:

@@ -323,6 +323,10 @@ def test_the_redrive_counts_from_the_messages_eta() -> None:
     assert run_command("redrive_idempotency_records", "--dry-run") == "No records to send again.\n"
     age("ob-tomorrow", 86400)
     assert run_command("redrive_idempotency_records", "--dry-run") == "Would send 1 record again.\n"
+    brokers.empty()
+    assert run_command("redrive_idempotency_records") == "Sent 1 record again.\n"
+    [message] = queued()  # sent again with its own ETA, as an absolute time
+    assert parse_datetime(message["headers"]["eta"]) == parse_datetime(stored("ob-tomorrow")["eta"])
 
 
 def test_the_periodic_task_redrives(settings: Any) -> None:
