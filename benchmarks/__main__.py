@@ -76,7 +76,7 @@ def _interrupt(signum: int, frame: object) -> None:
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from django.db import connection
 
-    from benchmarks import database, e2e, layers, overhead, report, scale
+    from benchmarks import database, e2e, enqueue, layers, overhead, report, scale
 
     sections = args.sections.split(",")
     postgresql_only = sorted({"e2e", "scale"} & set(sections))
@@ -91,6 +91,7 @@ def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if "overhead" in sections:
         print(overhead.run(args.calls), flush=True)
         print(layers.run(args.calls), flush=True)
+        print(enqueue.run(args.calls), flush=True)
     if "e2e" in sections:
         print(e2e.run(args.tasks, args.work_tasks, args.runs), flush=True)
     if "scale" in sections:

@@ -13,7 +13,7 @@ import redis
 
 from benchmarks import database, report, settings, systems
 from benchmarks.celery_app import app
-from benchmarks.verdicts import Outcome, Target, noop_target, work_target
+from benchmarks.verdicts import Outcome, Target, losses, noop_target, verdict, work_target
 from benchmarks.workers import IDLE_QUEUE, QUEUE, Worker
 from django_idempotent_tasks.models import IdempotencyRecord
 
@@ -24,7 +24,9 @@ SYSTEMS: list[tuple[str, Any]] = [
     ("naive SET NX + done marker", systems.naive),
     ("IdempotentTask", systems.idempotent),
     ("IdempotentTask atomic", systems.idempotent_atomic),
+    ("IdempotentTask outbox", systems.idempotent_outbox),
 ]
+IDEMPOTENT = (systems.idempotent, systems.idempotent_atomic, systems.idempotent_outbox)
 DUPLICATE_SHARE = 0.3
 RUN = uuid.uuid4().hex[:6]  # keys never repeat across invocations: a stale record would replay
 MIN_GAP = 20  # a redelivery comes back later: never while its original is still queued next to it
@@ -49,7 +51,7 @@ def _call(task: Any, batch: str, unit: int, work: bool) -> tuple[list[Any], dict
     name = f"{RUN}-{batch}-{unit}"
     if task is systems.naive:
         return [name, work, name], {}
-    if task in (systems.idempotent, systems.idempotent_atomic):
+    if task in IDEMPOTENT:
         return [name, work], {"idempotency_key": name}
     return [name, work], {}
 
@@ -94,7 +96,7 @@ def evidence(task: Any, names: list[str], work: bool) -> tuple[int, int, int]:
         once = sum(1 for count in counts if count == 1)
         duplicates = sum(count - 1 for count in counts if count > 1)
         return once, duplicates, sum(1 for count in counts if count == 0)
-    if task in (systems.idempotent, systems.idempotent_atomic):
+    if task in IDEMPOTENT:
         succeeded = IdempotencyRecord.objects.filter(status=IdempotencyRecord.Status.SUCCEEDED)
         done = succeeded.filter(task_name=task.name, key__in=names).count()
     elif task is systems.naive:
@@ -215,6 +217,8 @@ def _workload(worker: Worker, work: bool, count: int, runs: int) -> str:
 
 
 OURS = ("IdempotentTask", "IdempotentTask atomic")
+OUTBOX = "IdempotentTask outbox"
+OUTBOX_TARGET = 0.95  # the outbox's worker throughput: at least this share of the same task's without it
 PLAIN = SYSTEMS[0][0]
 NAIVE = "naive SET NX + done marker"
 
@@ -230,5 +234,22 @@ def _targets(
         else:
             ratio = report.median(ratios[name])
             rows.append(noop_target(name, ratio, results[name], PLAIN, results[PLAIN]))
+    rows.append(outbox_target(results))
     cells = [(row.target, row.measured, row.verdict) for row in rows]
     return report.table(f"2. Targets ({label})", ["target", "measured", "verdict"], cells)
+
+
+def outbox_target(results: dict[str, list[Outcome]]) -> Target:
+    """The outbox's worker: within 5 % of IdempotentTask's messages/s (the claim updates the PENDING
+    row instead of inserting one), every unit run once; run by run, then the median."""
+    ratios = [mine.rate / theirs.rate for mine, theirs in zip(results[OUTBOX], results[OURS[0]], strict=True)]
+    ratio = report.median(ratios)
+    return Target(
+        f"{OUTBOX}: messages/s ≥ {OUTBOX_TARGET}× IdempotentTask's, 0 units lost or run twice",
+        f"{ratio:.2f}× (runs {min(ratios):.2f}–{max(ratios):.2f})",
+        verdict(
+            ratio >= OUTBOX_TARGET,
+            losses(OUTBOX, results[OUTBOX]) + losses(OURS[0], results[OURS[0]]),
+            f"{ratio:.2f}× IdempotentTask",
+        ),
+    )

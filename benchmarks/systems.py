@@ -82,3 +82,9 @@ def idempotent_atomic(self: Any, unit: str, work: bool) -> None:
 @shared_task(name="bench.idempotent_raise", base=IdempotentTask, bind=True, on_conflict="raise")
 def idempotent_raise(self: Any, unit: str, work: bool) -> None:
     body(unit, work)
+
+
+@shared_task(name="bench.idempotent_outbox", base=IdempotentTask, bind=True, outbox=True)
+def idempotent_outbox(self: Any, unit: str, work: bool) -> None:
+    """IdempotentTask through the outbox: a PENDING record written at enqueue, claimed by an UPDATE."""
+    body(unit, work)

@@ -62,6 +62,37 @@ def failed(key: str, *, shop: bool = False, **fields: Any) -> IdempotencyRecord:
     return make(key, Status.FAILED, shop=shop, **fields)
 
 
+def pending(key: str, *, age: float = 0, shop: bool = False, **fields: Any) -> IdempotencyRecord:
+    """PENDING since ``age`` seconds, with the stored message of an outbox task: not delivered yet."""
+    created = timezone.now() - timedelta(seconds=age)
+    values: dict[str, Any] = {
+        "created_at": created,
+        "completed_at": None,
+        "started_at": None,
+        "result": None,
+        "worker": "",
+        "attempts": 0,
+        "fence": 0,
+        "task_id": str(uuid.uuid5(uuid.NAMESPACE_OID, key)),
+        "message": message(CHARGE if shop else "tests.task", key, age=age),
+    }
+    return make(key, Status.PENDING, shop=shop, **{**values, **fields})
+
+
+def message(task_name: str, key: str, *, age: float = 0, task_id: str = "") -> dict[str, Any]:
+    """A stored outbox message (outbox.message()'s shape), sent ``age`` seconds ago."""
+    sent_at = timezone.now() - timedelta(seconds=age)
+    return {
+        "task": task_name,
+        "id": task_id or str(uuid.uuid5(uuid.NAMESPACE_OID, key)),
+        "call": {"args": [42, 1000], "kwargs": {"idempotency_key": key}},
+        "options": {},
+        "eta": None,
+        "expires": None,
+        "sent_at": sent_at.isoformat(),
+    }
+
+
 def keys() -> list[str]:
     return sorted(IdempotencyRecord.objects.values_list("key", flat=True))
 

@@ -55,14 +55,16 @@ def test_status_counts_by_status_and_task(django_assert_num_queries: Any) -> Non
         output = run("idempotency_status")
     assert output == (
         "Records: 5\n"
+        "  PENDING: 0\n"
         "  IN_PROGRESS: 2\n"
         "  SUCCEEDED: 1\n"
         "  FAILED: 2\n"
         "By task:\n"
-        "  t1: 3 (0 IN_PROGRESS, 1 SUCCEEDED, 2 FAILED)\n"
-        "  t2: 2 (2 IN_PROGRESS, 0 SUCCEEDED, 0 FAILED)\n"
+        "  t1: 3 (0 PENDING, 0 IN_PROGRESS, 1 SUCCEEDED, 2 FAILED)\n"
+        "  t2: 2 (0 PENDING, 2 IN_PROGRESS, 0 SUCCEEDED, 0 FAILED)\n"
         "Stuck leases (IN_PROGRESS, lease expired): 1\n"
         "Expired records (purgeable): 2, the oldest expired at 2020-01-01 00:00:00 UTC\n"
+        "Overdue PENDING keys (older than the re-drive age, 600 s): 0\n"
     )
 
 
@@ -72,7 +74,30 @@ def test_status_without_records(django_assert_num_queries: Any) -> None:
     records.make("a")
     assert run("idempotency_status").endswith(
         "Stuck leases (IN_PROGRESS, lease expired): 0\nExpired records (purgeable): 0\n"
+        "Overdue PENDING keys (older than the re-drive age, 600 s): 0\n"
     )
+
+
+def test_status_counts_the_pending_keys_older_than_the_redrive_age(
+    django_assert_num_queries: Any, settings: Any
+) -> None:
+    settings.IDEMPOTENT_TASKS_REDRIVE_AFTER = 300
+    records.pending("p-1", age=301)
+    records.pending("p-2", age=3600)
+    records.pending("p-3", age=5)  # sent a moment ago: not overdue
+    # by task and status, stuck, expired from the expires_at index, the live leases among them, the
+    # overdue PENDING records (asked only when there are PENDING records)
+    with django_assert_num_queries(5):
+        output = run("idempotency_status")
+    assert output.endswith(
+        "Overdue PENDING keys (older than the re-drive age, 300 s): 2\n"
+        "  Their messages were lost or are late: run `python manage.py redrive_idempotency_records` to "
+        "send them again, and check that the beat schedule runs "
+        "django_idempotent_tasks.redrive_pending_records (`manage.py check --deploy` warns when it does "
+        "not).\n"
+    )
+    assert "  PENDING: 3\n" in output
+    assert "  tests.task: 3 (3 PENDING, 0 IN_PROGRESS, 0 SUCCEEDED, 0 FAILED)\n" in output
 
 
 def test_status_of_a_key_shows_record_lease_and_lock(held: RedisLock, django_assert_num_queries: Any) -> None:

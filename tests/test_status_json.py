@@ -26,14 +26,17 @@ def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
     assert output == (
         "{\n"
         '  "records": 3,\n'
-        '  "by_status": {\n    "IN_PROGRESS": 1,\n    "SUCCEEDED": 1,\n    "FAILED": 1\n  },\n'
+        '  "by_status": {\n    "PENDING": 0,\n    "IN_PROGRESS": 1,\n    "SUCCEEDED": 1,\n    "FAILED": 1\n  },\n'
         '  "by_task": {\n'
-        '    "t1": {\n      "IN_PROGRESS": 0,\n      "SUCCEEDED": 1,\n      "FAILED": 1\n    },\n'
-        '    "t2": {\n      "IN_PROGRESS": 1,\n      "SUCCEEDED": 0,\n      "FAILED": 0\n    }\n'
+        '    "t1": {\n      "PENDING": 0,\n      "IN_PROGRESS": 0,\n      "SUCCEEDED": 1,\n      "FAILED": 1\n    },\n'
+        '    "t2": {\n      "PENDING": 0,\n      "IN_PROGRESS": 1,\n      "SUCCEEDED": 0,\n      "FAILED": 0\n    }\n'
         "  },\n"
         '  "stuck": 1,\n'
         '  "expired": 1,\n'
-        '  "oldest_expired_at": "2020-01-01T00:00:00+00:00"\n'
+        '  "oldest_expired_at": "2020-01-01T00:00:00+00:00",\n'
+        '  "overdue_pending": 0,\n'
+        '  "redrive_after": 600,\n'
+        '  "next_step": null\n'
         "}\n"
     )
 
@@ -41,12 +44,25 @@ def test_the_counts_as_json(django_assert_num_queries: Any) -> None:
 def test_no_records_as_json() -> None:
     assert json.loads(run_command("idempotency_status", "--json")) == {
         "records": 0,
-        "by_status": {"IN_PROGRESS": 0, "SUCCEEDED": 0, "FAILED": 0},
+        "by_status": {"PENDING": 0, "IN_PROGRESS": 0, "SUCCEEDED": 0, "FAILED": 0},
         "by_task": {},
         "stuck": 0,
         "expired": 0,
         "oldest_expired_at": None,
+        "overdue_pending": 0,
+        "redrive_after": 600,
+        "next_step": None,
     }
+
+
+def test_the_overdue_pending_keys_as_json(settings: Any) -> None:
+    settings.IDEMPOTENT_TASKS_REDRIVE_AFTER = 60
+    records.pending("p-1", age=61)
+    records.pending("p-2", age=1)
+    data = json.loads(run_command("idempotency_status", "--json"))
+    assert data["by_status"] == {"PENDING": 2, "IN_PROGRESS": 0, "SUCCEEDED": 0, "FAILED": 0}
+    assert (data["overdue_pending"], data["redrive_after"]) == (1, 60)
+    assert "redrive_idempotency_records" in data["next_step"]
 
 
 def test_one_key_as_json_with_its_lock() -> None:

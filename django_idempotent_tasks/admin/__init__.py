@@ -1,4 +1,4 @@
-"""The read-only admin of idempotency records: find a key, see why it is stuck, release or purge it."""
+"""The read-only admin of idempotency records: find a key, see why it is stuck, release, send again or purge it."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from django_idempotent_tasks import history, keys, locks, store
+from django_idempotent_tasks.admin import pending
 from django_idempotent_tasks.admin.actions import RecordActions
 from django_idempotent_tasks.admin.changelist import (
     EstimatedCountPaginator,
@@ -30,6 +31,7 @@ from django_idempotent_tasks.admin.changelist import (
     search_condition,
 )
 from django_idempotent_tasks.admin.release import ReleaseView
+from django_idempotent_tasks.admin.resend import NO_MESSAGE, RUN_AGAIN, SEND_AGAIN, ResendViews
 from django_idempotent_tasks.models import IdempotencyRecord
 
 logger = logging.getLogger("django_idempotent_tasks")
@@ -47,6 +49,7 @@ _HISTORY = ("attempts_history",)
 _LEASE = ("lease_holder", "redis_lock")
 _OUTCOME = ("result_json", "error_details", "checkpoints")
 _DATES = ("created_at_display", "started", "completed_at_display", "expires")
+_OUTBOX = ("outbox_state", "outbox_message")
 # Long lines (a traceback, a JSON value) wrap inside the page instead of widening it.
 _PRE = '<pre style="white-space:pre-wrap;overflow-wrap:anywhere">{}</pre>'
 #: Times to the second (a 60 s lease is judged by them), in the current time zone, named.
@@ -75,8 +78,8 @@ def _folded(moment: datetime | None) -> SafeString | str:
 
 
 @admin.register(IdempotencyRecord)
-class IdempotencyRecordAdmin(ReleaseView, RecordActions):
-    """Read-only: records are written by deliveries only; operators release or delete them."""
+class IdempotencyRecordAdmin(ResendViews, ReleaseView, RecordActions):
+    """Read-only: records are written by deliveries only; operators release, send again or delete them."""
 
     # Fits a 1366 px screen with both sidebars open (tests/test_operator_browser.py); the fence, the
     # start and the expiry are on the record's page, the expired records behind their filter.
@@ -96,7 +99,13 @@ class IdempotencyRecordAdmin(ReleaseView, RecordActions):
     # takes the other branch, never a `make test` run (Django 5.x).
     if hasattr(admin, "ShowFacets"):  # pragma: no branch
         show_facets = admin.ShowFacets.NEVER
-    actions = ("delete_selected", "purge_selected_expired", "release_stuck_leases")
+    actions = (
+        "delete_selected",
+        "purge_selected_expired",
+        "release_stuck_leases",
+        "send_again_selected",
+        "run_again_selected",
+    )
     fieldsets = (
         (None, {"fields": _GENERAL}),
         (_("Attempts"), {"fields": _HISTORY}),
@@ -104,7 +113,7 @@ class IdempotencyRecordAdmin(ReleaseView, RecordActions):
         (_("Outcome"), {"fields": _OUTCOME}),
         (_("Dates"), {"fields": _DATES}),
     )
-    readonly_fields = _GENERAL + _HISTORY + _LEASE + _OUTCOME + _DATES
+    readonly_fields = _GENERAL + _HISTORY + _LEASE + _OUTCOME + _DATES + _OUTBOX
 
     # Records are written only by deliveries, through store.py.
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -117,6 +126,12 @@ class IdempotencyRecordAdmin(ReleaseView, RecordActions):
         # The write database, whatever the routers say about reads: a replica lagging behind would
         # show a finished key as running, and the actions below must delete what the page showed.
         return super().get_queryset(request).using(store.database())
+
+    def get_fieldsets(self, request: HttpRequest, obj: IdempotencyRecord | None = None) -> Any:
+        # The stored message, for outbox records and for the two statuses an operator may publish again.
+        if obj is not None and (obj.message is not None or obj.status in (Status.PENDING, Status.FAILED)):
+            return (*self.fieldsets[:1], (_("Outbox"), {"fields": _OUTBOX}), *self.fieldsets[1:])
+        return self.fieldsets
 
     def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
         return RecordChangeList
@@ -146,6 +161,9 @@ class IdempotencyRecordAdmin(ReleaseView, RecordActions):
         context["show_release"] = (
             obj is not None and obj.is_stuck and self.has_release_lease_permission(request)
         )
+        resend = obj is not None and self.has_resend_permission(request)
+        context["show_send_again"] = resend and SEND_AGAIN.applies_to(obj)  # type: ignore[arg-type]
+        context["show_run_again"] = resend and RUN_AGAIN.applies_to(obj)  # type: ignore[arg-type]
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     def get_urls(self) -> list[URLPattern]:
@@ -156,7 +174,17 @@ class IdempotencyRecordAdmin(ReleaseView, RecordActions):
         release = path(
             "<path:object_id>/release/", self.admin_site.admin_view(self.release_view), name=f"{name}_release"
         )
-        return [purge, release, *super().get_urls()]
+        send_again = path(
+            "<path:object_id>/send-again/",
+            self.admin_site.admin_view(self.send_again_view),
+            name=f"{name}_send_again",
+        )
+        run_again = path(
+            "<path:object_id>/run-again/",
+            self.admin_site.admin_view(self.run_again_view),
+            name=f"{name}_run_again",
+        )
+        return [purge, release, send_again, run_again, *super().get_urls()]
 
     @admin.display(description=_("key"), ordering="key")
     def short_key(self, obj: IdempotencyRecord) -> SafeString:
@@ -175,6 +203,9 @@ class IdempotencyRecordAdmin(ReleaseView, RecordActions):
         kind, label = obj.status.lower(), obj.get_status_display()
         if obj.is_stuck:
             kind, label = "stuck", gettext("Stuck")
+        elif obj.status == Status.PENDING:
+            # How long the caller's message has been on its way: the re-drive sends it again later.
+            label = f"{label} {pending.age(pending.since(obj))}"
         return format_html(
             '<span class="idempotency-status idempotency-status-{}" style="background:{};color:#fff;'
             'padding:1px 8px;border-radius:8px;white-space:nowrap">{}</span>',
@@ -276,3 +307,13 @@ class IdempotencyRecordAdmin(ReleaseView, RecordActions):
     @admin.display(description=_("checkpoints"))
     def checkpoints(self, obj: IdempotencyRecord) -> SafeString | str:
         return _pretty_json(obj.steps) if obj.steps else gettext("No checkpoint yet.")
+
+    @admin.display(description=_("outbox"))
+    def outbox_state(self, obj: IdempotencyRecord) -> str:
+        if obj.message is None:
+            return str(NO_MESSAGE) if obj.status in (Status.PENDING, Status.FAILED) else "-"
+        return pending.describe(obj)
+
+    @admin.display(description=_("stored message"))
+    def outbox_message(self, obj: IdempotencyRecord) -> SafeString | str:
+        return _pretty_json(obj.message) if obj.message is not None else "-"

@@ -18,7 +18,8 @@ from tests.chaosapp.models import ChaosEffect
 Status = IdempotencyRecord.Status
 # Seconds before a PostgreSQL restart in which a body's external call counts as cut off by it.
 RESTART_REACH = 10
-ATOMIC_TASKS = ("chaos.effect", "chaos.slow", "chaos.poison")
+ATOMIC_TASKS = ("chaos.effect", "chaos.slow", "chaos.poison", "chaos.outbox")
+OUTBOX_TASKS = ("chaos.outbox", "chaos.outbox_external")
 
 
 @dataclass
@@ -37,6 +38,12 @@ class Observed:
     copy_lost: set[str] = field(default_factory=set)
     dead: set[int] = field(default_factory=set)
     bodies: int = 0
+    # Outbox tasks: sends answered at the caller (replayed with their value, or attached to the
+    # message on its way), messages the broker dropped, and messages the re-drive sent again.
+    replayed: list[tuple[str, Any]] = field(default_factory=list)
+    attached: int = 0
+    dropped: list[str] = field(default_factory=list)
+    redriven: int = 0
 
 
 def text(raw: bytes | str) -> str:
@@ -158,7 +165,13 @@ def check(
     broker_lost = [key for key in lost if key not in received_keys]
     lost = [key for key in lost if key in received_keys]
     stuck = [key for key, record in records.items() if record.status == Status.IN_PROGRESS]
-    for key in sorted(lost):
+    # An outbox key still PENDING: its message never reached a worker and the re-drive did not
+    # send it again. The outbox exists so that this never happens, whatever the broker lost.
+    pending = [key for key, record in records.items() if record.status == Status.PENDING]
+    for key in sorted(pending):
+        bad(f"I2 {key}: still PENDING (its message was lost and never sent again)")
+    lost += pending
+    for key in sorted(set(lost) - set(pending)):
         bad(f"I2 {key}: no record (lost)")
     for key in sorted(stuck):
         bad(f"I4 {key}: still IN_PROGRESS (fence {records[key].fence})")
@@ -195,6 +208,13 @@ def check(
             identical += 1
         else:
             bad(f"I3 {key}: message {task_id} answered {answer['status']} {answer['result']!r}")
+    # I3 at the caller: a send of an outbox key that had succeeded returned the stored result.
+    for key, value in observed.replayed:
+        record = records.get(key)
+        if record is not None and record.result == value:
+            identical += 1
+        else:
+            bad(f"I3 {key}: the caller's replay returned {value!r}")
     # I6: every external call beyond the committed one is explained by an injected fault.
     beyond = explained = 0
     for key, entries in observed.ledger.items():
@@ -225,11 +245,19 @@ def check(
             "keys lost": len(lost),
             "keys never delivered by the broker": len(broker_lost),
             "records stuck": len(stuck),
-            "answers identical to the stored result": f"{identical}/{len(observed.messages)}",
+            "answers identical to the stored result": (
+                f"{identical}/{len(observed.messages) + len(observed.replayed)}"
+            ),
             "messages received but unanswered (hangs)": unanswered,
             "messages never delivered by the broker": never_received,
             "external calls beyond one": beyond,
             "  of which explained by injected faults": explained,
+            "keys of outbox tasks": sum(1 for r in records.values() if r.task_name in OUTBOX_TASKS),
+            "  sends attached at the caller": observed.attached,
+            "  sends replayed at the caller": len(observed.replayed),
+            "  messages dropped by the broker": len(observed.dropped),
+            "  messages sent again by the re-drive": observed.redriven,
+            "  keys left PENDING": len(pending),
         }
     )
     return verdict

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.models import IdempotencyRecord
 from tests import db_sessions
-from tests.chaos import guarantee_faults
+from tests.chaos import guarantee_faults, outbox_faults
 from tests.chaos.plan import Fault
 from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool, children, kill_group
 from tests.chaosapp import control
@@ -37,8 +37,10 @@ class Context:
         lock_redis: LockRedis,
         send: Callable[..., str],
         postgres: PrivatePostgres | None,
+        drops: outbox_faults.BrokerDrops | None = None,
     ) -> None:
         self.pool = pool
+        self.drops = drops or outbox_faults.BrokerDrops()
         self.lock_redis = lock_redis
         # Faults send to the urgent queue: their timing must not wait behind the backlog.
         self.send = functools.partial(send, queue=URGENT)
@@ -268,6 +270,7 @@ INJECTORS: dict[str, Callable[[Context, Fault], None]] = {
     "skew_behind": guarantee_faults.skew_behind,
     "connection_cut": guarantee_faults.connection_cut,
     "refused_value": guarantee_faults.refused_value,
+    "broker_drop": outbox_faults.broker_drop,
     "child_kill": arm_child_kill,
     "stale_row": insert_stale_row,
     "pause": pause,

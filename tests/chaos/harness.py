@@ -16,10 +16,11 @@ from django.db import connections
 
 from tests.chaos import checker
 from tests.chaos.faults import INJECTORS, Context
+from tests.chaos.outbox_faults import BrokerDrops, Redrive
 from tests.chaos.plan import BEFORE_COMPLETION, UNTAKEN, Plan, value_of
 from tests.chaos.services import LockRedis, PrivatePostgres, WorkerPool
 from tests.chaosapp import control
-from tests.chaosapp.tasks import task_for
+from tests.chaosapp.tasks import chaos_task_for
 from tests.helpers import wait_for
 from tests.isolation import free_port
 
@@ -48,17 +49,35 @@ class Outcome:
 
 
 class Sender:
-    """Sends deliveries with ids chosen up front, so the checker can find every answer."""
+    """Sends deliveries with ids chosen up front, so the checker can find every answer.
+
+    An outbox task's send may publish nothing: it attaches to the message already on its way, or
+    replays a key that already succeeded (its value is checked against the record, as I3).
+    """
 
     def __init__(self) -> None:
         self.messages: list[tuple[str, str]] = []
+        self.attached = 0
+        self.replayed: list[tuple[str, Any]] = []
         self.mutex = threading.Lock()
 
-    def __call__(self, task: Any, key: str, args: tuple[Any, ...], queue: str = "chaos") -> str:
-        task_id = str(uuid.uuid4())
-        with self.mutex:
-            self.messages.append((task_id, key))
-        task.apply_async(args, {"idempotency_key": key}, task_id=task_id, queue=queue)
+    def __call__(
+        self, task: Any, key: str, args: tuple[Any, ...], queue: str = "chaos", task_id: str = ""
+    ) -> str:
+        task_id = task_id or str(uuid.uuid4())
+        outboxed = task.idempotency_options.effective_outbox
+        if not outboxed:
+            with self.mutex:
+                self.messages.append((task_id, key))
+        result = task.apply_async(args, {"idempotency_key": key}, task_id=task_id, queue=queue)
+        if outboxed:
+            with self.mutex:
+                if getattr(result, "replayed", False):
+                    self.replayed.append((key, result.result))
+                elif result.id == task_id:
+                    self.messages.append((task_id, key))
+                else:
+                    self.attached += 1
         return task_id
 
 
@@ -106,10 +125,15 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
     send = Sender()
     threads: list[threading.Thread] = []
     errors: list[str] = []
+    drops = BrokerDrops()
+    redrive = Redrive()
+    stack = contextlib.ExitStack()
     try:
+        stack.enter_context(drops.installed())
         lock_redis.start()
         pool.start()
-        ctx = Context(pool, lock_redis, send, postgres)
+        redrive.start()
+        ctx = Context(pool, lock_redis, send, postgres, drops)
         timed = []
         for fault in plan.faults:
             if fault.at == 0:
@@ -122,7 +146,7 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
             now = clock.now()
             while sends and sends[0][0] <= now:
                 key = sends.pop(0)[1]
-                send(task_for(key), key, (value_of(key),))
+                send(chaos_task_for(key), key, (value_of(key),))
             while timed and timed[0].at <= now:
                 thread = threading.Thread(target=strike, args=(ctx, timed.pop(0), errors), daemon=True)
                 thread.start()
@@ -136,7 +160,14 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
         bound = max(ctx.last_end, last_send) + SETTLE_SECONDS
         keys = set(plan.keys) | {f.key for f in plan.faults if f.kind in ("short_lock", "poison")}
         poison = {f.key for f in plan.faults if f.kind == "poison"}
-        observed = checker.Observed(keys=keys, poison=poison, messages=send.messages)
+        observed = checker.Observed(
+            keys=keys,
+            poison=poison,
+            messages=send.messages,
+            replayed=send.replayed,
+            attached=send.attached,
+            dropped=list(drops.dropped),
+        )
         with contextlib.suppress(AssertionError):
             wait_for(lambda: checker.settled(observed), timeout=bound - time.monotonic(), what="settling")
         late = checker.unsettled(observed, control.control())
@@ -144,9 +175,11 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
             # Already a violation of I2; let the rest finish so the other invariants can be read.
             with contextlib.suppress(AssertionError):
                 wait_for(lambda: checker.settled(observed), timeout=GRACE_SECONDS, what="settling")
+        redrive.stop()
         pool.stop()  # a still world: records and effects are read in one consistent state
         connections.close_all()
         checker.observe(observed, control.control())
+        observed.redriven = len(redrive.sent)
         taken_over = {
             f.key
             for f in plan.faults
@@ -165,8 +198,11 @@ def run(plan: Plan, env: dict[str, str], lock_port: int, postgres: PrivatePostgr
     finally:
         for thread in threads:
             thread.join(timeout=60)
+        if redrive.is_alive():
+            redrive.stop()
         pool.stop()
         lock_redis.stop()
+        stack.close()
 
 
 def lock_port() -> int:

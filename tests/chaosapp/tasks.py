@@ -11,6 +11,7 @@ from celery.signals import after_task_publish, task_postrun, task_received
 
 from django_idempotent_tasks.tasks import IdempotentTask
 from tests import db_sessions
+from tests.chaos.plan import is_outbox
 from tests.chaosapp import control
 from tests.chaosapp.models import ChaosEffect
 
@@ -47,9 +48,29 @@ def chaos_external(self: Any, value: int) -> dict[str, Any]:
     return run_body(self, value, database=False)
 
 
+@shared_task(base=IdempotentTask, bind=True, name="chaos.outbox", atomic=True, lock_ttl=LEASE, outbox=True)
+def chaos_outbox(self: Any, value: int) -> dict[str, Any]:
+    """chaos.effect through the outbox: its record is written PENDING by the sender."""
+    return run_body(self, value)
+
+
+@shared_task(base=IdempotentTask, bind=True, name="chaos.outbox_external", lock_ttl=LEASE, outbox=True)
+def chaos_outbox_external(self: Any, value: int) -> dict[str, Any]:
+    """chaos.external through the outbox."""
+    return run_body(self, value, database=False)
+
+
 def task_for(key: str) -> Any:
     """Odd keys run non-atomic (external effect only), even keys atomic (plus a database effect)."""
     return chaos_external if int(key.rsplit("-", 1)[1]) % 2 else chaos_effect
+
+
+def chaos_task_for(key: str) -> Any:
+    """The chaos suite's mix: ``task_for``, and a fifth of the keys (tests.chaos.plan.is_outbox)
+    through the outbox, atomic or not as ``task_for`` says."""
+    if not is_outbox(key):
+        return task_for(key)
+    return chaos_outbox if task_for(key) is chaos_effect else chaos_outbox_external
 
 
 @shared_task(base=IdempotentTask, bind=True, name="chaos.cut", lock_ttl=LEASE)

@@ -11,10 +11,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count
 
 from django_idempotent_tasks import history, store
-from django_idempotent_tasks.management import key_state, options, stuck_keys
+from django_idempotent_tasks.management import key_state, options, pending_keys, stuck_keys
 from django_idempotent_tasks.models import IdempotencyRecord
 
-STATUSES = IdempotencyRecord.Status.values
+STATUS = IdempotencyRecord.Status
+STATUSES = STATUS.values
 # Grouped by status first: on MariaDB and SQLite the (status, task_name, created_at) index holds
 # every row, and the count streams through it in order instead of reading the whole table (8.6 s
 # on MariaDB at a million records) or sorting a temporary one.
@@ -23,8 +24,8 @@ COUNTED_BY = ("status", "task_name")
 
 class Command(BaseCommand):
     help = (
-        "Show the idempotency records by status and task, the record, attempts, lease and Redis lock "
-        "of one key, or the stuck keys and what to do about them."
+        "Show the idempotency records by status and task, the stuck and overdue keys, the record, "
+        "attempts, lease and Redis lock of one key, or the stuck keys and what to do about them."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -91,6 +92,7 @@ class Command(BaseCommand):
         by_task = dict(sorted(by_task.items()))
         by_status = {status: sum(counts[status] for counts in by_task.values()) for status in STATUSES}
         expired = key_state.expired_summary()
+        overdue = pending_keys.overdue(by_status[STATUS.PENDING])
         return {
             "records": sum(by_status.values()),
             "by_status": by_status,
@@ -98,6 +100,7 @@ class Command(BaseCommand):
             "stuck": store.records().stuck().count(),
             "expired": expired["n"],
             "oldest_expired_at": _iso(expired["oldest"]),
+            **overdue.as_json(),
         }
 
     def _key_data(self, key: str, scope: str | None) -> dict[str, Any]:
@@ -136,7 +139,7 @@ class Command(BaseCommand):
         expired = key_state.expired_summary()
         oldest = f", the oldest expired at {key_state.when(expired['oldest'])}" if expired["n"] else ""
         lines.append(f"Expired records (purgeable): {expired['n']:,}{oldest}")
-        return lines
+        return lines + pending_keys.overdue(totals[STATUS.PENDING]).lines()
 
     def _key(self, key: str, scope: str | None) -> list[str]:
         record = key_state.find_record(key, scope)
