@@ -316,8 +316,11 @@ def take_over(
         if isinstance(record, IdempotencyRecord) or name in _ROW_COLUMNS:
             setattr(record, name, value)
     _forget(record, *_CLOCKED)
-    # The steps are read again under the claim: the copy read before the lock may be stale.
-    record.steps = _steps(record.scope, record.key)
+    if recovered:
+        # The steps are read again under the claim: the holder whose lease expired may have
+        # checkpointed one since the copy read before the lock. (Only an IN_PROGRESS holder can
+        # write steps: a FAILED or PENDING record's copy is current, the fence and token say so.)
+        record.steps = _steps(record.scope, record.key)
     return Claim(
         record=record,
         fence=fence,

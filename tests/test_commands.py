@@ -121,6 +121,12 @@ def test_purge_is_silent_at_verbosity_0() -> None:
             "DONE",
             "argument --status: 'DONE' is not a status; choose from IN_PROGRESS, SUCCEEDED, FAILED.",
         ),
+        (
+            "--status",
+            "pending",
+            "argument --status: PENDING records are never purged: the re-drive sends them "
+            "(redrive_idempotency_records); choose from IN_PROGRESS, SUCCEEDED, FAILED.",
+        ),
         ("--task", " ", "argument --task: must not be empty."),
     ],
 )

@@ -40,11 +40,17 @@ def positive_int(value: str) -> int:
     return number
 
 
-def status(value: str) -> str:
-    """One of the record statuses, in any case."""
-    if value.upper() not in IdempotencyRecord.Status.values:
-        choices = ", ".join(IdempotencyRecord.Status.values)
-        raise ArgumentTypeError(f"{value!r} is not a status; choose from {choices}.")
+def purgeable_status(value: str) -> str:
+    """A status whose records a purge may delete, in any case (never PENDING: the re-drive owes
+    those a send)."""
+    purgeable = [status for status in IdempotencyRecord.Status.values if status != "PENDING"]
+    if value.upper() == "PENDING":
+        raise ArgumentTypeError(
+            "PENDING records are never purged: the re-drive sends them "
+            f"(redrive_idempotency_records); choose from {', '.join(purgeable)}."
+        )
+    if value.upper() not in purgeable:
+        raise ArgumentTypeError(f"{value!r} is not a status; choose from {', '.join(purgeable)}.")
     return value.upper()
 
 

@@ -26,8 +26,8 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--status",
-            type=options.status,
-            help="Only records with this status: IN_PROGRESS, SUCCEEDED or FAILED. Default: any status.",
+            type=options.purgeable_status,
+            help="Only records with this status: IN_PROGRESS, SUCCEEDED or FAILED (PENDING records are never purged). Default: any of those.",
         )
         parser.add_argument(
             "--task",
