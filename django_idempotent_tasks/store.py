@@ -308,10 +308,13 @@ def take_over(
         "expires_at": DatabaseNow(record_ttl),
     }
     claimed = _claimed_event(fence=fence, attempt=attempt, worker=worker, task_id=task_id)
-    with _within_bound(connections[database()]):
-        if not _named(record).claimable().update(**changes, attempts_log=history.AppendEvent(**claimed)):
-            return None
     recovered = record.status == Status.IN_PROGRESS
+    if not (
+        _take_over_stuck(record, changes, claimed)
+        if recovered
+        else _take_over_waiting(record, changes, claimed)
+    ):
+        return None
     for name, value in changes.items():
         if isinstance(record, IdempotencyRecord) or name in _ROW_COLUMNS:
             setattr(record, name, value)
@@ -329,6 +332,21 @@ def take_over(
         token=token,
         lease_seconds=lease_seconds,
     )
+
+
+def _take_over_stuck(record: Snapshot, changes: dict[str, Any], claimed: dict[str, Any]) -> bool:
+    """Claim an IN_PROGRESS record whose lease expired (judged in SQL, on the database clock)."""
+    with _within_bound(connections[database()]):
+        return bool(_named(record).claimable().update(**changes, attempts_log=history.AppendEvent(**claimed)))
+
+
+def _take_over_waiting(record: Snapshot, changes: dict[str, Any], claimed: dict[str, Any]) -> bool:
+    """Claim a FAILED or PENDING record, still as it was read: one precompiled statement, as the
+    claim of a new key is (an outbox task's first delivery claims its PENDING record this way)."""
+    later = {name: changes[name].seconds for name in _CLOCKED}
+    values = {name: value for name, value in changes.items() if name not in later}
+    named = (record.scope, record.key, record.fence, record.claim_token, record.status)
+    return _update_named(named, later, claimed, **values)
 
 
 def new_token() -> str:
@@ -448,6 +466,20 @@ def _update_held(
 
     ``later`` sets columns to the database clock plus so many seconds; ``event`` is appended to the
     attempts log.
+    """
+    named = (claim.record.scope, claim.record.key, claim.fence, claim.token, Status.IN_PROGRESS)
+    return _update_named(named, later, event, isolated, **values)
+
+
+def _update_named(
+    named: tuple[str, str, int, str, str],
+    later: dict[str, int] | None = None,
+    event: dict[str, Any] | None = None,
+    isolated: bool = False,
+    **values: Any,
+) -> bool:
+    """``UPDATE … WHERE scope, key, fence, claim_token and status`` are ``named``; False if the row
+    moved on (a compare-and-set).
 
     One precompiled statement per set of columns: building the ORM's UPDATE cost more CPU than its
     round trip (see BENCHMARKS.md). Values are prepared by their fields, as the ORM would.
@@ -464,11 +496,7 @@ def _update_held(
                 *params,
                 *later.values(),
                 *event.values(),
-                claim.record.scope,
-                claim.record.key,
-                claim.fence,
-                claim.token,
-                Status.IN_PROGRESS,
+                *named,
             ],
         )
         return bool(cursor.rowcount == 1)

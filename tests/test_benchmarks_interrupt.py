@@ -8,7 +8,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
@@ -33,7 +32,8 @@ def workers_of(run: subprocess.Popen[str]) -> list[int]:
 def database_url(django_db_blocker: Any) -> Iterator[str]:
     """A database of its own, which the benchmark creates; dropped afterwards."""
     name = f"{connection.settings_dict['NAME']}_bench_interrupt"
-    yield urlsplit(os.environ.get("DATABASE_URL", ""))._replace(path=f"/{name}").geturl()
+    # The suite's own database URL (its default when DATABASE_URL is unset, as in CI), renamed.
+    yield settings.DATABASE_URL._replace(path=f"/{name}").geturl()
     with django_db_blocker.unblock(), connection._nodb_cursor() as cursor:
         cursor.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
