@@ -293,7 +293,8 @@ _CLAIMED_EVENT = tuple(_claimed_event(fence=0, attempt=0, worker="", task_id="")
 def take_over(
     record: Snapshot, *, task_id: str, worker: str, lease_seconds: int, record_ttl: int
 ) -> Claim | None:
-    """Claim a FAILED record or one whose lease expired on the database clock; None if it is not."""
+    """Claim a FAILED or PENDING record, or one whose lease expired on the database clock; None if
+    it is no longer as it was read."""
     fence, attempt, token = record.fence + 1, record.attempts + 1, new_token()
     changes: dict[str, Any] = {
         "status": Status.IN_PROGRESS,
