@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import states
 from celery.result import EagerResult
@@ -44,7 +44,13 @@ CANVAS = ("link", "link_error", "chain", "group_id", "group_index", "root_id", "
 _republishing: ContextVar[bool] = ContextVar("django_idempotent_tasks_republishing", default=False)
 
 
-class ReplayedResult(EagerResult[Any]):
+if TYPE_CHECKING:
+    FinishedResult = EagerResult[Any]
+else:  # Celery 5.4's EagerResult is not subscriptable at run time
+    FinishedResult = EagerResult
+
+
+class ReplayedResult(FinishedResult):
     """The finished result of a key that had already succeeded: nothing was sent."""
 
     replayed = True
