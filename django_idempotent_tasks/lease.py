@@ -103,7 +103,7 @@ class Lease:
                     pause = min(pause * 2, 1.0)
                     continue
                 # In an atomic body the transaction died with its connection: nothing is left to complete.
-                if self.atomic or connection.in_atomic_block or connection.is_usable():
+                if self.atomic or connection.in_atomic_block or store.connection_works(since=None):
                     raise
                 if self.lost.is_set() or time.monotonic() + pause > self.until:
                     raise
