@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,12 +77,37 @@ def workers(worker_env: dict[str, str]) -> Iterator[list[Worker]]:
 
 
 @pytest.fixture
-def running_workers(workers: list[Worker], worker_env: dict[str, str], transactional_db: Any) -> list[Worker]:
-    """The shared workers, restarted if a test killed one."""
+def running_workers(
+    workers: list[Worker], worker_env: dict[str, str], transactional_db: Any
+) -> Iterator[list[Worker]]:
+    """The shared workers, restarted if a test killed one; after the test, the database quiet."""
     for n, worker in enumerate(workers):
         if worker.process is None or worker.process.poll() is not None:
             workers[n] = Worker(worker.name, worker_env).start()
-    return workers
+    yield workers
+    wait_for_quiet_database()
+
+
+#: Other sessions on the test database inside a statement or a transaction.
+BUSY_SESSIONS = {
+    "postgresql": "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+    " AND pid <> pg_backend_pid() AND state IN ('active', 'idle in transaction')",
+    "mysql": "SELECT count(*) FROM information_schema.processlist WHERE db = DATABASE()"
+    " AND id <> CONNECTION_ID() AND command <> 'Sleep'",
+}
+
+
+def wait_for_quiet_database(timeout: float = 10.0) -> None:
+    """Wait (at most ``timeout``) until no worker is writing: a delivery still finishing after the
+    test saw its record settle would deadlock with the flush's TRUNCATE that follows the test."""
+    sql = BUSY_SESSIONS.get(connection.vendor)
+    deadline = time.monotonic() + timeout
+    while sql and time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(sql)
+            if cursor.fetchone()[0] == 0:
+                return
+        time.sleep(0.05)
 
 
 #: Fixtures that reach the database, Redis or the broker (item.fixturenames holds their closure).
