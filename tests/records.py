@@ -93,8 +93,12 @@ def message(task_name: str, key: str, *, age: float = 0, task_id: str = "") -> d
     }
 
 
-def keys() -> list[str]:
-    return sorted(IdempotencyRecord.objects.values_list("key", flat=True))
+def keys(among: list[str] | None = None) -> list[str]:
+    """The keys of the table's records (of those ``among`` only, if given), sorted."""
+    found = (
+        IdempotencyRecord.objects.all() if among is None else IdempotencyRecord.objects.filter(key__in=among)
+    )
+    return sorted(found.values_list("key", flat=True))
 
 
 def operator_scene() -> dict[str, IdempotencyRecord]:
