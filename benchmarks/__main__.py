@@ -57,20 +57,34 @@ def main(argv: list[str]) -> int:
         workers,
     )
 
-    # make, a CI runner or kill end a run with SIGTERM or SIGHUP: unwind like Ctrl-C, stopping the workers.
-    for signum in (signal.SIGTERM, signal.SIGHUP):
+    # Ctrl-C, and make, a CI runner or kill (SIGTERM, SIGHUP), stop the workers and end the run.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _interrupt)
     try:
         return _run(args, parser)
-    except KeyboardInterrupt:
-        print("benchmarks: interrupted; workers stopped.", file=sys.stderr)
-        return 130
     finally:
         workers.stop_all()
 
 
 def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
+    """Stop the workers and exit with 130, whatever the run was doing.
+
+    Not by raising KeyboardInterrupt: raised inside a ``__del__`` (redis-py's pool) it is only
+    printed and the run goes on to its end, and an error raised while unwinding (kombu cancelling
+    a consumer on a connection interrupted mid-reply) replaces it and the run ends with status 1.
+    """
+    from benchmarks import workers
+
+    if workers.stopping:  # interrupted again while the workers stop: kill them
+        workers.kill_all()
+    else:
+        workers.stopping = True
+        print(
+            f"benchmarks: {signal.Signals(signum).name}; stopping the workers.", file=sys.stderr, flush=True
+        )
+        workers.stop_all()
+    sys.stdout.flush()
+    os._exit(130)
 
 
 def _run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:

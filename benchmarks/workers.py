@@ -22,6 +22,8 @@ STARTUP = 60  # seconds a worker has to answer a ping
 PR_SET_PDEATHSIG = 1
 #: The workers started and not yet stopped, for stop_all() on every exit path.
 running: set[Worker] = set()
+#: Set once an interrupt began stopping them: a second interrupt kills them.
+stopping = False
 
 
 def _die_with_parent() -> None:
@@ -34,6 +36,14 @@ def stop_all() -> None:
     """Stop every worker still running (the benchmark's last word on any exit path)."""
     for worker in list(running):
         worker.stop()
+
+
+def kill_all() -> None:
+    """SIGKILL every worker's process group at once."""
+    for worker in list(running):
+        if worker.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(worker.process.pid, signal.SIGKILL)
 
 
 class Worker:
@@ -111,22 +121,21 @@ class Worker:
         return sizes
 
     def stop(self) -> None:
-        """Warm shutdown of the worker's process group; SIGKILL after 20 s or on a second interrupt."""
-        running.discard(self)
-        if self.process is None:
-            return
+        """Warm shutdown of the worker's process group; SIGKILL after 20 s (or at once by kill_all,
+        on a second interrupt: the worker stays in ``running`` until it is gone)."""
         try:
+            if self.process is None:
+                return
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGTERM)
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=20)
-        except BaseException:  # Ctrl-C again while waiting: no worker may outlive the benchmark
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=20)
+            # A prefork child that outlived its parent is still in the group.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=20)
-            raise
-        # A prefork child that outlived its parent is still in the group.
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        finally:
+            running.discard(self)

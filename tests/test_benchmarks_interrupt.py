@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -39,29 +41,38 @@ def database_url(django_db_blocker: Any) -> Iterator[str]:
 
 
 @pytest.mark.parametrize(
-    "signum",
+    "signals",
     [
-        signal.SIGINT,
-        signal.SIGTERM,
+        (signal.SIGINT,),
+        (signal.SIGTERM,),
+        # Ctrl-C pressed again while the workers stop: they are killed at once.
+        (signal.SIGINT, signal.SIGINT),
         pytest.param(
-            signal.SIGKILL,
+            (signal.SIGKILL,),
             marks=pytest.mark.skipif(sys.platform != "linux", reason="PR_SET_PDEATHSIG is Linux's"),
         ),
     ],
+    ids=["SIGINT", "SIGTERM", "SIGINT twice", "SIGKILL"],
 )
-def test_an_interrupted_run_leaves_no_worker(database_url: str, signum: int) -> None:
-    run = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks", "--quick", "--sections", "e2e"],
-        cwd=ROOT,
-        # The run's own Redis server (tests/isolation.py): the benchmark flushes databases 1 to 4 of it.
-        env={**os.environ, "DATABASE_URL": database_url, "REDIS_URL": settings.REDIS_URL},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+def test_an_interrupted_run_leaves_no_worker(
+    database_url: str, signals: tuple[int, ...], tmp_path: Path
+) -> None:
+    stderr = tmp_path / "stderr"
+    with stderr.open("w") as log:
+        run = subprocess.Popen(
+            [sys.executable, "-m", "benchmarks", "--quick", "--sections", "e2e"],
+            cwd=ROOT,
+            # The run's own Redis server (tests/isolation.py): the benchmark flushes databases 1 to 4 of it.
+            env={**os.environ, "DATABASE_URL": database_url, "REDIS_URL": settings.REDIS_URL},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            text=True,
+        )
     try:
         wait_for(lambda: workers_of(run), timeout=START_TIMEOUT, what="the benchmark's worker")
-        run.send_signal(signum)
+        for signum in signals:
+            run.send_signal(signum)
+            time.sleep(0.05)
         run.wait(timeout=60)
         wait_for(lambda: not workers_of(run), timeout=30, what="the worker to stop")
     finally:
@@ -70,5 +81,6 @@ def test_an_interrupted_run_leaves_no_worker(database_url: str, signum: int) -> 
         if run.poll() is None:
             run.kill()
             run.wait()
-    # Ctrl-C, and SIGTERM from make or a CI runner, unwind the run; SIGKILL ends it at once.
-    assert run.returncode == (-signal.SIGKILL if signum == signal.SIGKILL else 130)
+    # Ctrl-C, and SIGTERM from make or a CI runner, end the run with 130; SIGKILL ends it at once.
+    expected = -signal.SIGKILL if signals[0] == signal.SIGKILL else 130
+    assert run.returncode == expected, stderr.read_text()[-2000:]
