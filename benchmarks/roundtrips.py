@@ -3,6 +3,7 @@ calls) and Redis commands."""
 
 from __future__ import annotations
 
+import re
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -96,6 +97,15 @@ def _postgresql_trace(counts: RoundTrips) -> Iterator[None]:
 
 
 _WRITES = {"INSERT", "UPDATE", "DELETE", "REPLACE"}
+# A bounded write on MariaDB: SET STATEMENT max_statement_time=N FOR <the statement>.
+_SET_STATEMENT = re.compile(r"^\s*SET\s+STATEMENT\s+.*?\s+FOR\s+", re.IGNORECASE | re.DOTALL)
+
+
+def _verb(sql: str) -> str:
+    """The statement's first word, past MariaDB's SET STATEMENT … FOR prefix."""
+    return _SET_STATEMENT.sub("", sql, count=1).split(None, 1)[0].upper()
+
+
 _CALLS = ("query", "commit", "rollback", "autocommit", "ping")
 
 
@@ -110,7 +120,7 @@ def _mysql_calls(counts: RoundTrips) -> Iterator[None]:
     autocommit, ping = raw.autocommit, raw.ping
 
     def counted_query(sql: bytes | str) -> None:
-        verb = (sql.decode(errors="replace") if isinstance(sql, bytes) else sql).split(None, 1)[0].upper()
+        verb = _verb(sql.decode(errors="replace") if isinstance(sql, bytes) else sql)
         # In autocommit mode a write is its own transaction: it commits, as on PostgreSQL.
         if verb == "COMMIT" or (verb in _WRITES and raw.get_autocommit()):
             counts.commits += 1
