@@ -66,6 +66,9 @@ def main(argv: list[str]) -> int:
         workers.stop_all()
 
 
+_stopping = False  # an interrupt is stopping the workers: a second one kills them
+
+
 def _interrupt(signum: int, frame: object) -> None:
     """Stop the workers and exit with 130, whatever the run was doing.
 
@@ -73,12 +76,13 @@ def _interrupt(signum: int, frame: object) -> None:
     printed and the run goes on to its end, and an error raised while unwinding (kombu cancelling
     a consumer on a connection interrupted mid-reply) replaces it and the run ends with status 1.
     """
+    global _stopping
     from benchmarks import workers
 
-    if workers.stopping:  # interrupted again while the workers stop: kill them
+    if _stopping:  # interrupted again while the workers stop: kill them
         workers.kill_all()
     else:
-        workers.stopping = True
+        _stopping = True
         print(
             f"benchmarks: {signal.Signals(signum).name}; stopping the workers.", file=sys.stderr, flush=True
         )

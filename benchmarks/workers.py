@@ -22,8 +22,6 @@ STARTUP = 60  # seconds a worker has to answer a ping
 PR_SET_PDEATHSIG = 1
 #: The workers started and not yet stopped, for stop_all() on every exit path.
 running: set[Worker] = set()
-#: Set once an interrupt began stopping them: a second interrupt kills them.
-stopping = False
 
 
 def _die_with_parent() -> None:
@@ -41,9 +39,7 @@ def stop_all() -> None:
 def kill_all() -> None:
     """SIGKILL every worker's process group at once."""
     for worker in list(running):
-        if worker.process is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(worker.process.pid, signal.SIGKILL)
+        worker.kill()
 
 
 class Worker:
@@ -131,11 +127,14 @@ class Worker:
             try:
                 self.process.wait(timeout=20)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
+                self.kill()
                 self.process.wait(timeout=20)
-            # A prefork child that outlived its parent is still in the group.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
+            self.kill()  # a prefork child that outlived its parent is still in the group
         finally:
             running.discard(self)
+
+    def kill(self) -> None:
+        """SIGKILL the worker's process group."""
+        if self.process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
