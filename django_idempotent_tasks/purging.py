@@ -3,9 +3,12 @@ a record whose lease is live."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
-from django.db.models import Q
+from django.db import connections
+from django.db.models import BooleanField, DateTimeField, F, Func, Q, Value
 
 from django_idempotent_tasks import compat
 
@@ -18,15 +21,15 @@ def purgeable(queryset: Any) -> Any:
 
 def purge(queryset: Any, *, batch_size: int, progress: Any = None) -> int:
     """Delete the records of ``queryset`` in batches, one short transaction each; returns the count."""
-    # Walk the expires_at index forward: expired records are found where they are, however their
-    # ids are spread, and the walk ends at the last of them instead of reading the rest of the
-    # table. A restart from the top would rescan the dead rows of the batches already deleted.
+    # Walk the (expires_at, id) index forward: expired records are found where they are, however
+    # their ids are spread, and the walk ends at the last of them instead of reading the rest of
+    # the table. A restart from the top would rescan the dead rows of the batches already deleted.
     # Each batch reads only its last record (OFFSET batch_size - 1) and deletes the index range up
     # to it: a DELETE naming a thousand primary keys took twice as long on MariaDB, and carrying
     # them through Python cost PostgreSQL more than its DELETE did.
     deleted = 0
     walks = (
-        (Q(expires_at__isnull=False), ("expires_at", "pk"), _after_expiry, _up_to_expiry),
+        (Q(expires_at__isnull=False), ("expires_at", "pk"), *_expiry_bounds(connections[queryset.db].vendor)),
         # Records without an expiry (deliveries always set one): by primary key, from the index's NULLs.
         (Q(expires_at=None), ("pk",), _after_pk, _up_to_pk),
     )
@@ -46,6 +49,17 @@ def purge(queryset: Any, *, batch_size: int, progress: Any = None) -> int:
     return deleted
 
 
+def _expiry_bounds(vendor: str) -> tuple[Callable[[Any], Q], Callable[[Any], Q]]:
+    """The conditions "after" and "up to" a record of the (expires_at, id) index that ``vendor``
+    seeks to."""
+    # PostgreSQL and SQLite seek to a row comparison. MariaDB reads one as a filter over the index
+    # (3,318 rows/s at 1,000,000 records) but seeks to its OR form, which PostgreSQL reads, and
+    # sorts, for all the records sharing the expiry at every batch (14,061 rows/s when 100,000 did).
+    if vendor == "mysql":
+        return _after_expiry, _up_to_expiry
+    return functools.partial(_row_compare, ">"), functools.partial(_row_compare, "<=")
+
+
 def _after_expiry(last: tuple[Any, Any]) -> Q:
     expiry, pk = last
     # expires_at__gte alone bounds the index range; the OR picks the records after ``last``.
@@ -55,6 +69,27 @@ def _after_expiry(last: tuple[Any, Any]) -> Q:
 def _up_to_expiry(last: tuple[Any, Any]) -> Q:
     expiry, pk = last
     return Q(Q(expires_at__lt=expiry) | Q(expires_at=expiry, pk__lte=pk), expires_at__lte=expiry)
+
+
+def _row_compare(operator: str, last: tuple[Any, Any]) -> Q:
+    """``(expires_at, id) <operator> last``."""
+    expiry, pk = last
+    bound = _Row(Value(expiry, output_field=DateTimeField()), Value(pk))
+    return Q(
+        Func(
+            _Row(F("expires_at"), F("pk")),
+            bound,
+            arg_joiner=f" {operator} ",
+            template="%(expressions)s",
+            output_field=BooleanField(),
+        )
+    )
+
+
+class _Row(Func):
+    """``(a, b)``: a row value, compared column by column."""
+
+    template = "(%(expressions)s)"
 
 
 def _after_pk(last: tuple[Any]) -> Q:
