@@ -1,16 +1,10 @@
 from __future__ import annotations
 
-from importlib import import_module
-
 import django.db.models
 from django.db import migrations
 
 import django_idempotent_tasks.models
-
-# CREATE INDEX CONCURRENTLY on PostgreSQL, InnoDB's online build on MariaDB, as in 0005.
-AddIndexConcurrentlyOnPostgres = import_module(
-    "django_idempotent_tasks.migrations.0005_admin_indexes"
-).AddIndexConcurrentlyOnPostgres
+from django_idempotent_tasks.migrations._operations import AddIndexConcurrentlyOnPostgres
 
 
 class Migration(migrations.Migration):
