@@ -199,6 +199,22 @@ def test_records_sharing_one_expiry_are_purged_by_seeking_past_the_last_one_dele
         assert "django_idempotent_expiry_idx" in plan and "Sort" not in plan, plan
 
 
+def test_a_purge_across_ties_and_microseconds_deletes_batch_by_batch_each_record_once() -> None:
+    # Ids against expiry order around a tie, expiries a microsecond apart: every bound of the walk
+    # falls on a tie, on its edge or past it.
+    tick = timedelta(microseconds=1)
+    for key in ("later-a", "later-b"):
+        records.expired(key, expires_at=records.PAST + tick)
+    for n in range(3):
+        records.expired(f"tied-{n}", expires_at=records.PAST)
+    records.expired("earlier", expires_at=records.PAST - tick)
+    records.make("fresh")
+    progress: list[int] = []
+    assert purging.purge(store.records().expired(), batch_size=2, progress=progress.append) == 6
+    assert progress == [2, 4, 6]  # whole batches, none skipped or deleted twice
+    assert records.keys() == ["fresh"]
+
+
 def index_definitions() -> dict[str, Any]:
     with connection.cursor() as cursor:
         return dict(connection.introspection.get_constraints(cursor, TABLE))
