@@ -7,7 +7,7 @@ whose name starts with "_" is not a migration to Django's loader.)
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import migrations
 
@@ -18,9 +18,9 @@ class _ConcurrentlyOnPostgres:
     concurrently only outside a transaction."""
 
     postgres_operation = ""
+    if TYPE_CHECKING:  # each operation's own arguments
 
-    def _postgres_arguments(self) -> tuple[Any, ...]:
-        raise NotImplementedError
+        def _postgres_arguments(self) -> tuple[Any, ...]: ...
 
     def _operation(self, schema_editor: Any) -> Any:
         if schema_editor.connection.vendor != "postgresql":
