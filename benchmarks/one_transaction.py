@@ -15,6 +15,7 @@ import argparse
 import os
 import signal
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
@@ -90,11 +91,18 @@ def crash_loop(connect: Callable[[], Any], crashes: int = 3) -> None:
     for _ in range(crashes):
         pid = os.fork()
         if pid == 0:
-            holder = connect()
-            run(holder, "BEGIN")
-            run(holder, f"UPDATE {TABLE} SET attempts = attempts + 1 WHERE id = 1")
-            os.kill(os.getpid(), signal.SIGKILL)
-        os.waitpid(pid, 0)
+            try:
+                holder = connect()
+                run(holder, "BEGIN")
+                run(holder, f"UPDATE {TABLE} SET attempts = attempts + 1 WHERE id = 1")
+                os.kill(os.getpid(), signal.SIGKILL)
+            except BaseException:
+                traceback.print_exc()
+            finally:  # a child that failed never goes on with its parent's code (nor drops its table)
+                os._exit(1)
+        _, status = os.waitpid(pid, 0)
+        if not os.WIFSIGNALED(status):
+            raise SystemExit("a crash-loop holder failed before its body (see its traceback above)")
     reader = connect()
     print(
         f"  attempts after {crashes} holders killed in their body: {run(reader, f'SELECT attempts FROM {TABLE}')}"
