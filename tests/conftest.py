@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import fcntl
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +54,24 @@ def clean_redis(request: pytest.FixtureRequest) -> Iterator[None]:
 @pytest.fixture
 def lock_redis() -> redis.Redis:
     return redis.Redis.from_url(settings.LOCK_REDIS_URL)
+
+
+@pytest.fixture
+def connection_crowd() -> Iterator[None]:
+    """The machine's turn for a test that opens dozens of database connections at once.
+
+    Runs share this machine (make matrix-edges runs two legs side by side, a helper or a second
+    clone may run too) and its servers' connection limits (PostgreSQL's max_connections is 100):
+    one crowd of 64 fits, a second crowd beside it does not. A file lock in the temporary directory keeps those
+    tests of every run on this machine from overlapping.
+    """
+    path = Path(tempfile.gettempdir()) / "django-idempotent-tasks-connection-crowd.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

@@ -202,7 +202,7 @@ def test_a_caller_waits_for_an_expired_lease_then_takes_over_as_recovered() -> N
     assert functions.record(3, idempotency_key="stale") == {"value": 3, "fence": 2, "recovered": True}
 
 
-def test_64_threads_calling_one_key_run_the_body_once() -> None:
+def test_64_threads_calling_one_key_run_the_body_once(connection_crowd: None) -> None:
     answers: list[Any] = []
     barrier = threading.Barrier(64)
 

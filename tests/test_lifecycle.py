@@ -213,7 +213,7 @@ def test_wait_replays_when_the_holder_finishes() -> None:
     assert Effect.objects.count() == 0
 
 
-def test_64_threads_applying_one_key_run_the_body_once() -> None:
+def test_64_threads_applying_one_key_run_the_body_once(connection_crowd: None) -> None:
     answers: list[Any] = []
     barrier = threading.Barrier(64)
 

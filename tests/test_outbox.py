@@ -158,7 +158,7 @@ def test_a_key_failed_for_good_is_refused_at_enqueue() -> None:
     assert queued() == []
 
 
-def test_twenty_threads_publish_one_message() -> None:
+def test_twenty_threads_publish_one_message(connection_crowd: None) -> None:
     barrier = threading.Barrier(20)
     ids: list[str] = []
 

@@ -174,7 +174,7 @@ def test_a_redrive_while_the_broker_is_down_fails_loudly_and_keeps_the_record(
 
 
 def test_twenty_threads_and_two_processes_publish_one_message_and_run_one_body(
-    worker: Worker, worker_env: dict[str, str]
+    worker: Worker, worker_env: dict[str, str], connection_crowd: None
 ) -> None:
     processes = [caller(worker_env, "race", "obw-race") for _ in range(2)]
     time.sleep(8)  # let both processes set Django up and wait for the go (not a timed assertion)
