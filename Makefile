@@ -25,7 +25,7 @@ system-deps:  ## install the Debian packages the targets need (as root), or prin
 lint: venv  ## ruff, ruff format --check, mypy --strict, migrations in sync
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy django_idempotent_tasks tests
+	$(BIN)/mypy django_idempotent_tasks tests benchmarks
 	$(BIN)/python -m django makemigrations --check --dry-run --settings tests.settings --pythonpath .
 
 # What only runs on MySQL/MariaDB or SQLite (the key collation, the database clock's SQL, the

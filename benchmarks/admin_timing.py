@@ -183,7 +183,8 @@ def seed(total: int) -> datetime:
             newest = datetime.fromisoformat(newest)
         if newest.tzinfo is None:
             newest = newest.replace(tzinfo=timezone.utc)
-        return newest - RETENTION  # the run that seeded it
+        seeded: datetime = newest - RETENTION
+        return seeded  # the run that seeded it
     print(f"Seeding {total:,} records…", flush=True)
     now = datetime.now(timezone.utc)
     started = time.perf_counter()
@@ -231,18 +232,6 @@ def purge_rates(total: int, now: datetime, runs: int, *, one_expiry: bool = Fals
     return rates
 
 
-def server() -> str:
-    from django.db import connection
-
-    if connection.vendor == "postgresql":
-        version = f"{connection.pg_version // 10000}.{connection.pg_version % 100}"
-    elif connection.vendor == "mysql":
-        version = connection.mysql_server_info.split("-")[0]
-    else:
-        version = connection.Database.sqlite_version
-    return f"{connection.display_name} {version}"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -263,6 +252,7 @@ def main() -> None:
     from django.urls import path
     from django.utils import timezone
 
+    from benchmarks import report
     from django_idempotent_tasks import store
     from django_idempotent_tasks.models import IdempotencyRecord
 
@@ -300,7 +290,10 @@ def main() -> None:
         return work
 
     def command(*args: str) -> Callable[[], None]:
-        return lambda: call_command(*args, stdout=io.StringIO())
+        def work() -> None:
+            call_command(*args, stdout=io.StringIO())
+
+        return work
 
     def redrive() -> None:
         """The re-drive's query: PENDING records at least ten minutes old, oldest first."""
@@ -315,7 +308,7 @@ def main() -> None:
         ("`release_idempotency_lock KEY`", command("release_idempotency_lock", key)),
         ("re-drive query (PENDING, 600 s)", redrive),
     ]
-    print(f"{options.rows:,} records on {server()}, median of {options.runs} runs")
+    print(f"{options.rows:,} records on {report.database()}, median of {options.runs} runs")
     print(f"| {'operation':<32} | {'median':>10} | {'queries':>7} | {'slowest':>9} |")
     print(f"|{'-' * 34}|{'-' * 12}|{'-' * 9}|{'-' * 11}|")
     with override_settings(ROOT_URLCONF=urls.__name__):

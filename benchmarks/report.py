@@ -8,6 +8,7 @@ import statistics
 import sys
 from collections.abc import Sequence
 from importlib import metadata
+from typing import Any
 
 from django.db import connection
 
@@ -75,10 +76,15 @@ def versions() -> str:
 def database() -> str:
     """The vendor and server version of the database measured, e.g. ``PostgreSQL 15.20``."""
     connection.ensure_connection()
-    if connection.vendor == "mysql":
-        return f"{connection.display_name} {connection.mysql_server_info.split('-')[0]}"
-    major, minor = divmod(connection.pg_version, 10_000)
-    return f"{connection.display_name} {major}.{minor}"
+    wrapper: Any = connection  # the vendor's own wrapper: the version attributes are its own
+    if connection.vendor == "postgresql":
+        major, minor = divmod(wrapper.pg_version, 10_000)
+        version = f"{major}.{minor}"
+    elif connection.vendor == "mysql":
+        version = wrapper.mysql_server_info.split("-")[0]
+    else:
+        version = wrapper.Database.sqlite_version
+    return f"{connection.display_name} {version}"
 
 
 def machine() -> str:
