@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import threading
-from datetime import timedelta
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import Any
 
 import pytest
 import redis
 from celery import Celery
 from celery.result import AsyncResult
+from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.conf import settings as django_settings
 from django.core.management import CommandError
 from django.db import close_old_connections, transaction
@@ -262,6 +264,29 @@ def test_the_stored_message_keeps_routing_and_turns_a_countdown_into_an_eta() ->
     broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
     # kombu's Redis transport keeps a queue's priorities in lists named after it.
     assert sum(broker.llen(name) for name in broker.keys("elsewhere*")) == 1
+
+
+def test_an_eta_given_naive_or_as_text_is_stored_as_the_instant_celery_reads(settings: Any) -> None:
+    # Celery's worker reads a naive ETA as UTC (celery.utils.time.maybe_make_aware) whatever
+    # Django's TIME_ZONE says, and parses text.
+    settings.TIME_ZONE = "Europe/Paris"
+    naive = datetime(2031, 5, 6, 7, 8, 9)
+    outbox_effect.apply_async((1,), {"idempotency_key": "ob-naive"}, eta=naive)
+    outbox_effect.apply_async((1,), {"idempotency_key": "ob-text"}, eta="2031-05-06T09:08:09+02:00")
+    assert stored("ob-naive")["eta"] == stored("ob-text")["eta"] == "2031-05-06T07:08:09+00:00"
+    # What the worker reads from the message published after the commit: the same instant.
+    instant = datetime(2031, 5, 6, 7, 8, 9, tzinfo=dt_timezone.utc)
+    published = {message["headers"]["id"]: worker_reads(message["headers"]["eta"]) for message in queued()}
+    assert published == {stored(key)["id"]: instant for key in ("ob-naive", "ob-text")}
+    for key in ("ob-naive", "ob-text"):
+        assert worker_reads(stored(key)["eta"]) == instant  # and the one a re-drive would send
+
+
+def worker_reads(eta: str) -> datetime:
+    """The instant a Celery worker reads from a message's ETA (celery.worker.request)."""
+    parsed = maybe_iso8601(eta)
+    assert parsed is not None
+    return maybe_make_aware(parsed)
 
 
 def age(key: str, seconds: int) -> None:
