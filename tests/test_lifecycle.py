@@ -239,6 +239,15 @@ def test_eager_retry_runs_again_without_blocking_on_its_own_lock() -> None:
     assert IdempotencyRecord.objects.get().attempts == 3
 
 
+def test_a_wait_gives_up_after_the_lock_ttl_while_the_holders_lease_lives() -> None:
+    stale_record(tasks.impatient_wait, "held", (0,), timedelta(seconds=30))  # a holder still renewing
+    with pytest.raises(TaskInProgress, match="still held by another delivery after waiting 1 s"):
+        run(tasks.impatient_wait, 0, key="held")
+    record = IdempotencyRecord.objects.get()
+    assert (record.task_id, record.fence, record.status) == ("old", 1, "IN_PROGRESS")
+    assert Effect.objects.count() == 0
+
+
 def test_atomic_body_rolls_back_when_the_fence_moved(received: list[Any]) -> None:
     def take_over(sender: Any, **kwargs: Any) -> None:
         # Another delivery takes the key over while this one runs its body.
@@ -253,6 +262,44 @@ def test_atomic_body_rolls_back_when_the_fence_moved(received: list[Any]) -> Non
     assert Effect.objects.count() == 0  # the body's write rolled back with the refused completion
     assert "lease_lost" in [name for name, _ in received]
     assert IdempotencyRecord.objects.get().status == "IN_PROGRESS"
+
+
+def test_a_completion_refused_after_a_take_over_raises_lease_lost_with_on_conflict_raise(
+    received: list[Any],
+) -> None:
+    def take_over(sender: Any, **kwargs: Any) -> None:
+        IdempotencyRecord.objects.filter(key=kwargs["key"]).update(fence=F("fence") + 1)
+
+    signals.task_claimed.connect(take_over)
+    try:
+        with pytest.raises(LeaseLost, match=r"lost its lease \(fence 1\) to another delivery"):
+            run(tasks.raising_conflict, 0, key="fenced-raise")
+    finally:
+        signals.task_claimed.disconnect(take_over)
+    # The body ran (its effect is not transactional); its result was not written over the taker's.
+    assert Effect.objects.count() == 1
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.fence, record.result) == ("IN_PROGRESS", 2, None)
+    assert [name for name, _ in received].count("lease_lost") == 1
+
+
+def test_a_failure_after_the_key_was_taken_over_leaves_the_new_holders_record(
+    received: list[Any], caplog: Any
+) -> None:
+    def take_over(sender: Any, **kwargs: Any) -> None:
+        # Another delivery takes the key over while this one runs its body, which then fails.
+        IdempotencyRecord.objects.filter(key=kwargs["key"]).update(fence=F("fence") + 1)
+
+    signals.task_claimed.connect(take_over)
+    try:
+        with pytest.raises(RuntimeError, match="attempt 1 fails"):
+            run(tasks.failing, 1, key="fenced-failure")
+    finally:
+        signals.task_claimed.disconnect(take_over)
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.fence, record.error) == ("IN_PROGRESS", 2, None)
+    assert "task_failed" not in [name for name, _ in received]
+    assert "failed with RuntimeError('attempt 1 fails') after losing its lease" in caplog.text
 
 
 def test_redis_down_on_acquire_falls_back_to_the_database_lease_in_eager_mode(caplog: Any) -> None:

@@ -136,6 +136,11 @@ def waiting_conflict(self: Any, sleep: float) -> dict[str, Any]:
     return effect(self, sleep, sleep)
 
 
+@shared_task(base=IdempotentTask, bind=True, on_conflict="wait", lock_ttl=1)
+def impatient_wait(self: Any, sleep: float) -> dict[str, Any]:
+    return effect(self, sleep, sleep)
+
+
 @task_postrun.connect
 def kill_after_completion(sender: Any = None, kwargs: Any = None, **extra: Any) -> None:
     """W2: die after the record is SUCCEEDED, before the ack."""
