@@ -107,6 +107,7 @@ def test_e001_lock_cache_missing_or_not_django_redis() -> None:
             "IDEMPOTENT_TASKS_RECORD_TTL must be a positive integer, got '7d'.",
         ),
         ("IDEMPOTENT_TASKS_CACHE", "", "IDEMPOTENT_TASKS_CACHE must be a cache alias (a str), got ''."),
+        ("IDEMPOTENT_TASKS_OUTBOX", "yes", "IDEMPOTENT_TASKS_OUTBOX must be True or False, got 'yes'."),
     ],
 )
 def test_e002_invalid_setting(name: str, value: Any, message: str) -> None:

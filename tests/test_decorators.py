@@ -318,6 +318,14 @@ def test_only_functions_can_be_decorated() -> None:
         idempotent(42)  # type: ignore[call-overload]
 
 
+def test_a_function_whose_dotted_path_overflows_the_records_column_is_refused() -> None:
+    def body() -> None: ...
+
+    body.__qualname__ = "deeply." * 40 + "body"  # the record's task_name holds 255 characters
+    with pytest.raises(IdempotencyConfigurationError, match=r"tests\.test_decorators\.deeply.* over 255"):
+        idempotent(body)
+
+
 def test_the_docs_example_runs() -> None:
     page = (ROOT / "docs" / "howto" / "functions.md").read_text()
     code = re.search(r"```python\n(.*?)```", page, re.DOTALL)
