@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import threading
@@ -248,17 +249,23 @@ def test_a_wait_gives_up_after_the_lock_ttl_while_the_holders_lease_lives() -> N
     assert Effect.objects.count() == 0
 
 
-def test_atomic_body_rolls_back_when_the_fence_moved(received: list[Any]) -> None:
+@contextlib.contextmanager
+def taken_over_while_running() -> Iterator[None]:
+    """Another delivery takes the key over (the fence moves) while the delivery inside runs its body."""
+
     def take_over(sender: Any, **kwargs: Any) -> None:
-        # Another delivery takes the key over while this one runs its body.
         IdempotencyRecord.objects.filter(key=kwargs["key"]).update(fence=F("fence") + 1)
 
     signals.task_claimed.connect(take_over)
     try:
-        with pytest.raises(LeaseLost, match=r"lost its lease \(fence 1\)"):
-            run(tasks.atomic_raising, 1, key="fenced")
+        yield
     finally:
         signals.task_claimed.disconnect(take_over)
+
+
+def test_atomic_body_rolls_back_when_the_fence_moved(received: list[Any]) -> None:
+    with taken_over_while_running(), pytest.raises(LeaseLost, match=r"lost its lease \(fence 1\)"):
+        run(tasks.atomic_raising, 1, key="fenced")
     assert Effect.objects.count() == 0  # the body's write rolled back with the refused completion
     assert "lease_lost" in [name for name, _ in received]
     assert IdempotencyRecord.objects.get().status == "IN_PROGRESS"
@@ -267,15 +274,9 @@ def test_atomic_body_rolls_back_when_the_fence_moved(received: list[Any]) -> Non
 def test_a_completion_refused_after_a_take_over_raises_lease_lost_with_on_conflict_raise(
     received: list[Any],
 ) -> None:
-    def take_over(sender: Any, **kwargs: Any) -> None:
-        IdempotencyRecord.objects.filter(key=kwargs["key"]).update(fence=F("fence") + 1)
-
-    signals.task_claimed.connect(take_over)
-    try:
-        with pytest.raises(LeaseLost, match=r"lost its lease \(fence 1\) to another delivery"):
-            run(tasks.raising_conflict, 0, key="fenced-raise")
-    finally:
-        signals.task_claimed.disconnect(take_over)
+    match = r"lost its lease \(fence 1\) to another delivery"
+    with taken_over_while_running(), pytest.raises(LeaseLost, match=match):
+        run(tasks.raising_conflict, 0, key="fenced-raise")
     # The body ran (its effect is not transactional); its result was not written over the taker's.
     assert Effect.objects.count() == 1
     record = IdempotencyRecord.objects.get()
@@ -286,16 +287,8 @@ def test_a_completion_refused_after_a_take_over_raises_lease_lost_with_on_confli
 def test_a_failure_after_the_key_was_taken_over_leaves_the_new_holders_record(
     received: list[Any], caplog: Any
 ) -> None:
-    def take_over(sender: Any, **kwargs: Any) -> None:
-        # Another delivery takes the key over while this one runs its body, which then fails.
-        IdempotencyRecord.objects.filter(key=kwargs["key"]).update(fence=F("fence") + 1)
-
-    signals.task_claimed.connect(take_over)
-    try:
-        with pytest.raises(RuntimeError, match="attempt 1 fails"):
-            run(tasks.failing, 1, key="fenced-failure")
-    finally:
-        signals.task_claimed.disconnect(take_over)
+    with taken_over_while_running(), pytest.raises(RuntimeError, match="attempt 1 fails"):
+        run(tasks.failing, 1, key="fenced-failure")
     record = IdempotencyRecord.objects.get()
     assert (record.status, record.fence, record.error) == ("IN_PROGRESS", 2, None)
     assert "task_failed" not in [name for name, _ in received]
