@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import fcntl
-import tempfile
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,22 +56,26 @@ def lock_redis() -> redis.Redis:
     return redis.Redis.from_url(settings.LOCK_REDIS_URL)
 
 
+#: In /tmp rather than the run's TMPDIR (a tox leg or a CI job may set its own): the servers'
+#: connection limits are the machine's.
+CROWD_LOCK = "/tmp/django-idempotent-tasks-connection-crowd.lock"
+
+
 @pytest.fixture
 def connection_crowd() -> Iterator[None]:
     """The machine's turn for a test that opens dozens of database connections at once.
 
     Runs share this machine (make matrix-edges runs two legs side by side, a helper or a second
     clone may run too) and its servers' connection limits (PostgreSQL's max_connections is 100):
-    one crowd of 64 fits, a second crowd beside it does not. A file lock in the temporary directory keeps those
-    tests of every run on this machine from overlapping.
+    one crowd of 64 fits, a second beside it does not. An exclusive lock on one file keeps those
+    tests of every run on this machine from overlapping; the kernel drops it if its holder dies.
     """
-    path = Path(tempfile.gettempdir()) / "django-idempotent-tasks-connection-crowd.lock"
-    with path.open("a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+    fd = os.open(CROWD_LOCK, os.O_RDONLY | os.O_CREAT, 0o666)  # read-only: another user's file opens too
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 @pytest.fixture(scope="session")
