@@ -6,7 +6,7 @@ PYTEST_ARGS ?=
 # The edit-test loop: no worker processes, browser, demo or chaos suite.
 QUICK_MARKERS := not workers and not browser and not chaos
 
-.PHONY: help venv test quick unit test-side-by-side lint pytest demo system-deps
+.PHONY: help venv test quick unit test-server-binding test-side-by-side lint pytest demo system-deps
 
 help:  ## list the targets
 	@awk 'BEGIN {FS = ":[^#]*## "} /^[a-zA-Z_-]+:[^#]*## / {printf "make %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -59,6 +59,12 @@ quick: venv  ## the fast loop: unit and database tests, no workers, browser, dem
 UNIT_ENV := IDEMPOTENT_TESTS_REDIS_URL=redis://127.0.0.1:1 DATABASE_URL=postgres://nobody@127.0.0.1:1/none
 unit: venv  ## the tests that need no database, Redis or broker (-m unit, set by tests/conftest.py)
 	$(UNIT_ENV) $(BIN)/python -m pytest -q -m unit $(PYTEST_ARGS)
+
+# psycopg 3 binding the parameters on the server (Django's "server_side_binding" option), as a
+# project away from PgBouncer may choose: make quick's selection with it on (CI runs it).
+test-server-binding: venv  ## make quick's selection with psycopg's server-side binding (server_side_binding)
+	@scripts/check_services.sh
+	IDEMPOTENT_TESTS_SERVER_SIDE_BINDING=1 $(BIN)/python -m pytest -q --create-db -m "$(QUICK_MARKERS)" $(PYTEST_ARGS)
 
 # Two runs at once, from this checkout and from a copy of its working tree: both must pass (the
 # README's "Test runs share a machine"). PYTEST_ARGS replaces make quick's selection.

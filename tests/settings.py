@@ -70,6 +70,11 @@ if django.VERSION >= (5, 1):
     SQLITE_OPTIONS.update(transaction_mode="IMMEDIATE", init_command="PRAGMA journal_mode=WAL")
 
 
+# make test-server-binding: psycopg 3 binds the parameters on the server (Django's
+# "server_side_binding"), as a project away from PgBouncer may choose (docs/deployment.md).
+SERVER_SIDE_BINDING = os.environ.get("IDEMPOTENT_TESTS_SERVER_SIDE_BINDING") == "1"
+
+
 def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
     """Django's DATABASES entry for a postgres://, mysql:// (MariaDB) or sqlite:/// URL."""
     scheme = url.scheme.split("+")[0]
@@ -97,6 +102,7 @@ def database_from_url(url: SplitResult, name: str | None) -> dict[str, Any]:
         raise ValueError(f"DATABASE_URL: unsupported scheme {url.scheme!r} (postgres, mysql or sqlite)")
     return {
         "ENGINE": "django.db.backends.postgresql",
+        "OPTIONS": {"server_side_binding": SERVER_SIDE_BINDING},
         "NAME": name or url.path.lstrip("/") or "test",
         "TEST": {"NAME": name or isolation.test_database_name(url.path.lstrip("/") or "test")},
         "USER": url.username or "postgres",

@@ -8,17 +8,20 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import psycopg
 import pytest
 from celery import Celery, chain
 from celery import current_app as celery_current_app
 from celery import current_task as celery_current_task
 from celery.app.registry import TaskRegistry
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from django_idempotent_tasks import compat
 from django_idempotent_tasks.models import IdempotencyRecord
+from tests import settings as test_settings
 from tests.celery_app import app as celery_app
 from tests.testapp import tasks
 
@@ -139,3 +142,14 @@ def test_chain_is_the_class_of_a_chain_signature() -> None:
     assert isinstance(chain(first, second), compat.CHAIN)
     assert isinstance(first | second, compat.CHAIN)
     assert not isinstance(first, compat.CHAIN)
+
+
+@pytest.mark.django_db
+def test_psycopg_binds_where_the_run_asks() -> None:
+    # make test-server-binding runs the suite with Django's server_side_binding: its statements
+    # must then really go out with server-side parameters (psycopg's ClientCursor is the default).
+    if connection.vendor != "postgresql":
+        pytest.skip("server_side_binding is an option of Django's PostgreSQL backend")
+    with connection.cursor() as cursor:
+        client_side = isinstance(cursor.cursor, psycopg.ClientCursor)
+    assert client_side is not test_settings.SERVER_SIDE_BINDING
