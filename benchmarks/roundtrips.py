@@ -35,19 +35,34 @@ class RoundTrips:
         )
 
 
+# The extended protocol (psycopg's server-side binding): Parse names a statement and carries its
+# text, Bind runs a named (or the unnamed) statement, Sync ends the round trip.
+_PARSE = re.compile(r'^\s*"([^"]*)"\s+"\s*(\S+)')
+_BIND = re.compile(r'^\s*"[^"]*"\s+"([^"]*)"')
+
+
 def _classify(trace: str, counts: RoundTrips) -> None:
-    # libpq's trace: a frontend "Query" is one round trip, answered by "ReadyForQuery I|T|E";
-    # status I after a write means that the write committed (autocommit or COMMIT).
+    # libpq's trace: each round trip ends with the backend's "ReadyForQuery I|T|E"; status I after
+    # a write means that the write committed (autocommit or COMMIT). The round trip's verb is its
+    # "Query" message's first word (the simple protocol, psycopg's default ClientCursor), or that of
+    # the statement its "Bind" runs; a round trip that only parses (psycopg preparing a statement
+    # it has run often) runs nothing, and counts as a read.
+    prepared: dict[str, str] = {}
     pending: str | None = None
     for line in trace.splitlines():
         parts = line.split("\t")
-        if len(parts) < 5:
+        if len(parts) < 4:
             continue
-        direction, message, content = parts[1], parts[3], parts[4].strip(' "')
+        direction, message, content = parts[1], parts[3], (parts[4] if len(parts) > 4 else "")
         if direction == "F" and message == "Query":
-            pending = content.split(None, 1)[0].upper()
+            pending = content.strip(' "').split(None, 1)[0].upper()
+        elif direction == "F" and message == "Parse" and (parsed := _PARSE.match(content)):
+            prepared[parsed[1]] = parsed[2].upper()
+            pending = pending or "PARSE"
+        elif direction == "F" and message == "Bind" and (bound := _BIND.match(content)):
+            pending = prepared.get(bound[1], "UNKNOWN")
         elif direction == "B" and message == "ReadyForQuery" and pending is not None:
-            committed = content == "I"
+            committed = content.strip() == "I"
             writes = pending in {"INSERT", "UPDATE", "DELETE", "COMMIT"}
             if writes and committed:
                 counts.commits += 1
