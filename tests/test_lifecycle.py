@@ -250,11 +250,13 @@ def test_a_wait_gives_up_after_the_lock_ttl_while_the_holders_lease_lives() -> N
 
 
 @contextlib.contextmanager
-def taken_over_while_running() -> Iterator[None]:
-    """Another delivery takes the key over (the fence moves) while the delivery inside runs its body."""
+def taken_over_while_running(renewing: bool = False) -> Iterator[None]:
+    """Another delivery takes the key over (the fence moves) while the delivery inside runs its body;
+    ``renewing``: the taker's lease lives on for 30 s more, as a holder that renews it keeps it."""
 
     def take_over(sender: Any, **kwargs: Any) -> None:
-        IdempotencyRecord.objects.filter(key=kwargs["key"]).update(fence=F("fence") + 1)
+        lease = {"lease_expires_at": timezone.now() + timedelta(seconds=30)} if renewing else {}
+        IdempotencyRecord.objects.filter(key=kwargs["key"]).update(fence=F("fence") + 1, **lease)
 
     signals.task_claimed.connect(take_over)
     try:
@@ -293,6 +295,25 @@ def test_a_failure_after_the_key_was_taken_over_leaves_the_new_holders_record(
     assert (record.status, record.fence, record.error) == ("IN_PROGRESS", 2, None)
     assert "task_failed" not in [name for name, _ in received]
     assert "failed with RuntimeError('attempt 1 fails') after losing its lease" in caplog.text
+
+
+def test_a_holder_that_lost_its_key_to_a_live_taker_waits_and_gives_up_without_running_again(
+    received: list[Any],
+) -> None:
+    # on_conflict="wait": the refused completion finds the taker still running (no result to
+    # replay), so the delivery waits like any other for a held key, takes nothing over while the
+    # taker's lease lives, and gives up after lock_ttl (1 s).
+    with (
+        taken_over_while_running(renewing=True),
+        pytest.raises(TaskInProgress, match="still held by another delivery after waiting 1 s"),
+    ):
+        run(tasks.impatient_wait, 0, key="lost-to-a-live-taker")
+    assert Effect.objects.count() == 1  # its own run, never a second one
+    record = IdempotencyRecord.objects.get()
+    assert (record.status, record.fence, record.result) == ("IN_PROGRESS", 2, None)
+    names = [name for name, _ in received]
+    assert (names.count("task_claimed"), names.count("lease_lost")) == (1, 1)
+    assert names.count("lock_conflict") >= 1
 
 
 def test_redis_down_on_acquire_falls_back_to_the_database_lease_in_eager_mode(caplog: Any) -> None:
