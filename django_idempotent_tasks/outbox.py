@@ -36,8 +36,12 @@ Status = IdempotencyRecord.Status
 
 #: The sending options a stored message keeps: where it goes and when, nothing else.
 ROUTING = ("queue", "routing_key", "exchange", "priority", "headers")
-#: Options that hold signatures (callbacks, the rest of a chain): kept, so a re-send loses no canvas.
-CANVAS = ("link", "link_error", "chain", "group_id", "group_index", "root_id", "parent_id")
+#: Options that hold signatures (callbacks, the rest of a chain, a chord's body) or place the call in
+#: a canvas: kept, so a re-send loses no canvas.
+CANVAS = ("link", "link_error", "chain", "chord", "group_id", "group_index", "root_id", "parent_id")
+#: The options whose work follows the task's own: only a worker that delivers the message sends the
+#: next step, the callbacks or the chord's body, so a call carrying one is always published.
+CONTINUATIONS = ("link", "link_error", "chain", "chord")
 
 # Set while the package itself re-publishes a call (the re-drive, "Send again", a conflict's
 # re-queue): such a send is the same work on its way again, never new work for the outbox.
@@ -198,8 +202,9 @@ class Call:
 
 
 def enqueue(call: Call, stored: dict[str, Any], send: Callable[[], Any]) -> Enqueued:
-    """Record the call PENDING and publish it after commit, attach to it, or replay it; raises
-    IdempotencyKeyMismatch (nothing written or sent) for a key used with other arguments."""
+    """Record the call PENDING and publish it after commit, attach to it, or replay it (a call
+    carrying the rest of a canvas is published instead); raises IdempotencyKeyMismatch (nothing
+    written or sent) for a key used with other arguments."""
     label = f"{call.task_name}[{keys.loggable(call.key)}]"
     record: store.Snapshot | None = store.lookup(call.scope, call.key)
     for _ in range(3):
@@ -222,6 +227,11 @@ def enqueue(call: Call, stored: dict[str, Any], send: Callable[[], Any]) -> Enqu
                 f"The idempotency key {keys.loggable(call.key)!r} of {call.task_name!r} was used "
                 "before with different arguments. Use a new key for new work."
             )
+        if record.status != Status.FAILED and continues(stored):
+            # Replaying or attaching here would drop the rest of the canvas, which travels in this
+            # message only: published, its delivery replays (or waits for) the key and goes on.
+            _after_commit(send, label)
+            return Enqueued(stored["id"], sent=True)
         if record.status == Status.SUCCEEDED:
             return Enqueued(record.task_id, replayed=True, value=record.result)
         if record.status != Status.FAILED:
@@ -236,6 +246,11 @@ def enqueue(call: Call, stored: dict[str, Any], send: Callable[[], Any]) -> Enqu
             return Enqueued(stored["id"], sent=True)
         record = store.lookup_latest(call.scope, call.key)
     raise IdempotencyError(f"{label}: its record kept changing under the caller; nothing was sent.")
+
+
+def continues(stored: Mapping[str, Any]) -> bool:
+    """The stored call carries work that follows it: a chain's rest, callbacks, a chord's body."""
+    return any(stored["call"].get(name) is not None for name in CONTINUATIONS)
 
 
 def replayed_result(enqueued: Enqueued, task_name: str) -> ReplayedResult:

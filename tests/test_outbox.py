@@ -3,6 +3,7 @@ transaction, attach, replay and mismatch at enqueue, counted at a real broker wi
 
 from __future__ import annotations
 
+import base64
 import json
 import threading
 from datetime import datetime, timedelta
@@ -11,7 +12,7 @@ from typing import Any
 
 import pytest
 import redis
-from celery import Celery
+from celery import Celery, chain, chord
 from celery.result import AsyncResult
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.conf import settings as django_settings
@@ -125,6 +126,68 @@ def test_signatures_and_groups_go_through_the_outbox() -> None:
     group(outbox_effect.s(n, idempotency_key=f"ob-group-{n}") for n in range(3)).apply_async()
     assert IdempotencyRecord.objects.filter(status=Status.PENDING).count() == 4
     assert len(queued()) == 4
+
+
+def test_a_chain_whose_first_key_succeeded_is_published_with_the_rest_of_the_chain() -> None:
+    # Re-running a chain whose second step failed: the first key replays at its worker, which then
+    # sends the second step. Replayed at the caller, the rest of the chain would be dropped.
+    run_task(outbox_effect, 1, key="ob-chain-done")
+    result = chain(
+        outbox_effect.si(1, idempotency_key="ob-chain-done"),
+        outbox_effect.si(2, idempotency_key="ob-chain-next"),
+    ).apply_async()
+    (message,) = queued()
+    first = result.parent
+    assert isinstance(first, AsyncResult)
+    assert message["headers"]["id"] == first.id != IdempotencyRecord.objects.get(key="ob-chain-done").task_id
+    assert [step["kwargs"]["idempotency_key"] for step in message_embed(message)["chain"]] == [
+        "ob-chain-next"
+    ]
+    assert IdempotencyRecord.objects.get(key="ob-chain-done").status == Status.SUCCEEDED
+
+
+def test_a_chain_whose_first_key_is_on_its_way_is_published_too() -> None:
+    outbox_effect.delay(1, idempotency_key="ob-chain-pending")  # a plain call: no chain in its message
+    brokers.empty()
+    chain(
+        outbox_effect.si(1, idempotency_key="ob-chain-pending"),
+        outbox_effect.si(2, idempotency_key="ob-chain-after"),
+    ).apply_async()
+    (message,) = queued()
+    assert message_embed(message)["chain"], "the rest of the chain travels in the new message"
+    assert IdempotencyRecord.objects.filter(key="ob-chain-pending", status=Status.PENDING).count() == 1
+
+
+def test_a_callback_or_a_chords_body_is_never_dropped_by_a_replay_at_the_caller() -> None:
+    run_task(outbox_effect, 1, key="ob-link-done")
+    outbox_effect.apply_async(
+        (1,),
+        {"idempotency_key": "ob-link-done"},
+        link=record_effect.si(9, idempotency_key="ob-link-callback"),
+    )
+    assert [message_embed(message)["callbacks"] is not None for message in queued()] == [True]
+    brokers.empty()
+    chord(
+        [
+            outbox_effect.si(1, idempotency_key="ob-link-done"),
+            outbox_effect.si(2, idempotency_key="ob-chord-2"),
+        ]
+    )(record_effect.si(9, idempotency_key="ob-chord-body"))
+    # Both members are published: the chord's body runs only once every member's worker reported.
+    assert sorted(message["headers"]["task"] for message in queued()) == [outbox_effect.name] * 2
+    assert all(message_embed(message)["chord"] for message in queued())
+
+
+def test_a_replay_without_a_canvas_still_publishes_nothing() -> None:
+    run_task(outbox_effect, 1, key="ob-plain-done")
+    assert isinstance(outbox_effect.si(1, idempotency_key="ob-plain-done").apply_async(), ReplayedResult)
+    assert queued() == []
+
+
+def message_embed(message: dict[str, Any]) -> dict[str, Any]:
+    """The canvas a message carries (the third part of Celery's protocol 2 body)."""
+    _args, _kwargs, embed = json.loads(base64.b64decode(message["body"]))
+    return dict(embed)
 
 
 def test_a_task_without_the_outbox_writes_nothing_at_enqueue() -> None:

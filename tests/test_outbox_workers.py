@@ -265,3 +265,16 @@ def test_a_chain_of_outbox_tasks_records_the_first_at_the_caller_and_runs_each_o
     finished("obw-chain-1")
     finished("obw-chain-2")
     assert (calls("obw-chain-1"), calls("obw-chain-2")) == (1, 1)
+
+
+def test_a_chain_run_again_after_its_first_key_succeeded_runs_its_second_step(worker: Worker) -> None:
+    worker.start()
+    outbox_effect.apply_async((1,), {"idempotency_key": "obw-rerun-1"}, queue=QUEUE)
+    finished("obw-rerun-1")
+    chain(
+        outbox_effect.si(1, idempotency_key="obw-rerun-1").set(queue=QUEUE),
+        outbox_effect.si(2, idempotency_key="obw-rerun-2").set(queue=QUEUE),
+    ).apply_async()
+    finished("obw-rerun-2")  # the first step replayed at its worker, which sent the second
+    wait_for(lambda: replays("obw-rerun-1") == 1, what="the first step to replay")
+    assert (calls("obw-rerun-1"), calls("obw-rerun-2")) == (1, 1)
