@@ -281,8 +281,12 @@ def call_body(body: Body, idempotency: Idempotency, progress: Progress) -> Any:
         return value
     except (OperationalError, InterfaceError) as exc:
         # A deadlock or a timeout on a working connection is the body's; a dead connection is not:
-        # the delivery is sent again and the next holder takes the key over, recovered.
-        if store.connection_works(since=connection):
+        # the delivery is sent again and the next holder takes the key over, recovered. A body that
+        # reconnected (a long task refreshing its connection) owns what the server refused it on the
+        # new one.
+        if store.connection_works(since=connection) or (
+            store.refused_by_server(exc) and store.connection_works(since=None)
+        ):
             progress.body_error = exc
         raise
     except BaseException as exc:

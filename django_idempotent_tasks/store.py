@@ -101,6 +101,22 @@ def connection_works(since: Any) -> bool:
     return bool(connection.is_usable())  # MySQL: a ping, harmless inside a transaction
 
 
+# MySQL/MariaDB error codes of a connection that broke: the client's own (2000-2999: gone away,
+# lost during query), and the server's for a connection it ended (shutdown, aborted, killed, idle).
+_MYSQL_LOST = (range(2000, 3000), (1053, 1152, 1927, 4031))
+
+
+def refused_by_server(exc: BaseException) -> bool:
+    """``exc`` is the database server's answer to a statement (a timeout, a deadlock, a lock wait),
+    not a broken connection: the server was there to refuse it."""
+    cause = exc.__cause__
+    sqlstate = getattr(cause, "sqlstate", None)  # psycopg: the server's SQLSTATE, None client-side
+    if isinstance(sqlstate, str):
+        return not sqlstate.startswith(("08", "57P"))  # connection exceptions, the server shutting down
+    code = next(iter(getattr(cause, "args", ())), None)  # mysqlclient: (code, message)
+    return isinstance(code, int) and not any(code in codes for codes in _MYSQL_LOST)
+
+
 def json_depth_limit(inside: int = 0) -> int | None:
     """The deepest nesting a value may have ``inside`` levels down a JSON column, or None: no limit.
 

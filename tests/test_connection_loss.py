@@ -41,3 +41,17 @@ def test_the_bodys_own_operational_error_follows_its_retry_policy(running_worker
     record = settled("deadlock")
     assert (record.status, record.attempts, error_of(record)["type"]) == ("FAILED", 2, "OperationalError")
     assert calls("deadlock") == 2
+
+
+def test_the_bodys_own_timeout_after_it_reconnected_follows_its_retry_policy(
+    running_workers: list[Worker],
+) -> None:
+    # The body closed its connection and opened another (close_old_connections in a long task):
+    # the server's refusal on the new one is still the body's own error, never a lost connection
+    # that would re-queue the delivery and run the body again after each lease.
+    result = tasks.times_out_after_reconnecting.delay(idempotency_key="own-timeout")
+    result.get(timeout=SETTLE_TIMEOUT, propagate=False)
+    assert (result.state, type(result.result).__name__) == ("FAILURE", "OperationalError")
+    record = settled("own-timeout")
+    assert (record.status, record.attempts, error_of(record)["type"]) == ("FAILED", 2, "OperationalError")
+    assert calls("own-timeout") == 2

@@ -14,7 +14,7 @@ from typing import Any
 from celery import shared_task
 from celery.exceptions import Ignore, Reject
 from celery.signals import before_task_publish, task_failure, task_postrun, task_retry
-from django.db import IntegrityError, OperationalError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.dispatch import receiver
 
 from django_idempotent_tasks import signals
@@ -242,6 +242,27 @@ def deadlocks(self: Any) -> None:
     """tests/test_connection_loss.py: the body's own OperationalError, on a healthy connection."""
     control().incr(f"calls:{self.idempotency.key}")
     raise OperationalError("deadlock detected")
+
+
+@shared_task(
+    base=IdempotentTask,
+    bind=True,
+    autoretry_for=(OperationalError,),
+    max_retries=1,
+    default_retry_delay=0,
+    max_attempts=10,
+)
+def times_out_after_reconnecting(self: Any) -> None:
+    """tests/test_connection_loss.py: a long task refreshes its connection, then the server cancels
+    its statement (a statement timeout): the body's own OperationalError, on a new connection."""
+    control().incr(f"calls:{self.idempotency.key}")
+    connection.close()
+    with transaction.atomic(), connection.cursor() as cursor:
+        if connection.vendor == "mysql":
+            cursor.execute("SET STATEMENT max_statement_time=0.05 FOR SELECT SLEEP(2)")
+        else:
+            cursor.execute("SET LOCAL statement_timeout = 50")
+            cursor.execute("SELECT pg_sleep(2)")
 
 
 REFUSED = {
