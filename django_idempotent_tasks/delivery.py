@@ -254,9 +254,9 @@ def run_claimed(
                 delivery.send(signals.task_completed, fence=claim.fence)
             return completed
         return finish(delivery, lease, call_body(body, idempotency, progress))
-    except LeaseLost:
-        return lease_lost(delivery, claim)
     except BaseException as exc:
+        if isinstance(exc, LeaseLost) and lost_by_this_delivery(exc, progress, lease):
+            return lease_lost(delivery, claim)
         if exc is not progress.body_error:
             raise  # the completion's own failure is never "the body failed"
         lease.completing = True  # the failure write ends the lease: not a lost lease
@@ -265,6 +265,13 @@ def run_claimed(
     finally:
         lease.end()
         running.reset(token)
+
+
+def lost_by_this_delivery(exc: LeaseLost, progress: Progress, lease: Lease) -> bool:
+    """``exc`` says that this delivery lost its key: raised by its completion, or by the body on its
+    lease's word (a step, a checkpoint). A LeaseLost the body raised with this lease intact is another
+    key's (an idempotent call inside the body that lost its own): the body's error."""
+    return exc is not progress.body_error or lease.lost.is_set()
 
 
 def call_body(body: Body, idempotency: Idempotency, progress: Progress) -> Any:

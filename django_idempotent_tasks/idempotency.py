@@ -113,6 +113,7 @@ class Idempotency:
                 f"Step {name!r} cannot be checkpointed. The database refused it: {exc!r}"
             ) from exc
         if not checkpointed:
+            self._lost.set()
             raise LeaseLost(f"Step {name!r} was not checkpointed: another delivery took over the key.")
         self.steps = steps
         return stored

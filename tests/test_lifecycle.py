@@ -316,6 +316,18 @@ def test_a_holder_that_lost_its_key_to_a_live_taker_waits_and_gives_up_without_r
     assert names.count("lock_conflict") >= 1
 
 
+def test_a_lease_lost_by_an_idempotent_call_inside_the_body_is_the_bodys_error(received: list[Any]) -> None:
+    # The inner call (on_conflict="raise") lost its own key and raised LeaseLost; the outer delivery
+    # still holds its lease: it records the failure, never takes its own key over to run again.
+    with pytest.raises(LeaseLost, match="to another delivery"):
+        run(tasks.calls_a_key_taken_over, key="outer")
+    assert calls("outer") == 1
+    outer = IdempotencyRecord.objects.get(key="outer")
+    assert (outer.status, outer.fence, error_of(outer)["type"]) == ("FAILED", 1, "LeaseLost")
+    names = [name for name, _ in received]
+    assert (names.count("lease_lost"), names.count("task_failed")) == (1, 1)  # the inner's, the outer's
+
+
 def test_redis_down_on_acquire_falls_back_to_the_database_lease_in_eager_mode(caplog: Any) -> None:
     with redis_down():
         assert run(tasks.record_effect, 3, key="no-redis") == {"value": 3, "fence": 1}

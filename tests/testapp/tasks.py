@@ -15,9 +15,12 @@ from celery import shared_task
 from celery.exceptions import Ignore, Reject
 from celery.signals import before_task_publish, task_failure, task_postrun, task_retry
 from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import F
 from django.dispatch import receiver
 
 from django_idempotent_tasks import signals
+from django_idempotent_tasks.decorators import idempotent
+from django_idempotent_tasks.idempotency import current
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import CONFLICTS_HEADER, IdempotentTask
 from tests import db_sessions
@@ -263,6 +266,21 @@ def times_out_after_reconnecting(self: Any) -> None:
         else:
             cursor.execute("SET LOCAL statement_timeout = 50")
             cursor.execute("SELECT pg_sleep(2)")
+
+
+@idempotent(on_conflict="raise", lock_ttl=5)
+def taken_over_inside(value: int) -> int:
+    """tests/test_lifecycle.py: an idempotent call whose key another delivery takes over while it runs."""
+    claimed = IdempotencyRecord.objects.filter(key=current().key)
+    claimed.update(fence=F("fence") + 1, claim_token="taken-over")
+    return value
+
+
+@shared_task(base=IdempotentTask, bind=True, lock_ttl=2)
+def calls_a_key_taken_over(self: Any) -> int:
+    """tests/test_lifecycle.py: its body's idempotent call loses its own key (LeaseLost)."""
+    control().incr(f"calls:{self.idempotency.key}")
+    return int(taken_over_inside(1, idempotency_key=f"{self.idempotency.key}-inner"))
 
 
 REFUSED = {
