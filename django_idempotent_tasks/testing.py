@@ -12,7 +12,7 @@ from typing import Any
 
 from django.db import connections
 
-from django_idempotent_tasks import signals, spec
+from django_idempotent_tasks import signals, spec, values
 from django_idempotent_tasks.exceptions import TaskInProgress
 
 __all__ = ["Execution", "Executions", "assert_runs_once", "count_executions"]
@@ -188,15 +188,16 @@ def _check(
     outcomes: list[tuple[bool, Any]],
 ) -> None:
     errors = [value for ok, value in outcomes if not ok and not isinstance(value, allowed)]
+    listed = f"[{', '.join(map(values.error_repr, errors))}]"  # a body's error may not repr()
     if len(runs) != 1:
         hint = " Was the key used before this call?" if not runs and not errors else ""
         raise AssertionError(
             f"The body of {name} ran {len(runs)} times under key {key!r} in {times} deliveries, "
-            f"expected once.{hint} Errors: {errors!r}"
+            f"expected once.{hint} Errors: {listed}"
         ) from (errors[0] if errors else None)
     if errors:
         raise AssertionError(
-            f"{len(errors)} of {times} deliveries of {name} under key {key!r} raised: {errors!r}"
+            f"{len(errors)} of {times} deliveries of {name} under key {key!r} raised: {listed}"
         ) from errors[0]
     results = [value for ok, value in outcomes if ok]
     if any(result != results[0] for result in results):

@@ -26,7 +26,30 @@ def error_shape(type_name: str, message: str, tb: str = "") -> dict[str, str]:
 def describe_error(exc: BaseException) -> dict[str, str]:
     """The JSON stored for a failure: type, message and traceback."""
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    return error_shape(type(exc).__name__, str(exc), tb)
+    return error_shape(type(exc).__name__, error_message(exc), tb)
+
+
+def error_message(exc: BaseException) -> str:
+    """``str(exc)``, or what the error is when its ``__str__`` fails (a client's ``return self.detail``)."""
+    # The body's error must reach the record and the caller: an error raised rendering it would
+    # replace it and leave the key IN_PROGRESS.
+    try:
+        return str(exc)
+    except Exception:
+        pass
+    name = type(exc).__name__
+    try:
+        return f"{name} (its str() failed): {exc!r}"
+    except Exception:
+        return f"{name} (its str() and repr() failed)"
+
+
+def error_repr(exc: BaseException) -> str:
+    """``repr(exc)``, or the error's type when its ``__repr__`` fails."""
+    try:
+        return repr(exc)
+    except Exception:
+        return f"{type(exc).__name__} (its repr() failed)"
 
 
 def storable_text(text: str) -> str:
@@ -73,11 +96,11 @@ def encode_result(value: Any, max_bytes: int, max_depth: int | None = None) -> t
     try:
         text = _RESULT_JSON.encode(value)
     except (TypeError, ValueError) as exc:
-        return None, f"The result is not JSON serializable: {exc}"
+        return None, f"The result is not JSON serializable: {error_message(exc)}"
     except RecursionError:
         return None, "The result is nested too deeply for the JSON encoder (RecursionError)."
     except Exception as exc:  # an encoder hook (a __str__, a default()) that failed: still unstorable
-        return None, f"The result could not be encoded as JSON: {exc!r}"
+        return None, f"The result could not be encoded as JSON: {error_repr(exc)}"
     if "\\u0000" in text and _JSON_NUL.search(text):
         return None, "The result contains a NUL character (\\u0000), which PostgreSQL's jsonb refuses."
     if len(text.encode()) > max_bytes:

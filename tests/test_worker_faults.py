@@ -1,0 +1,104 @@
+"""Faults a body or a template brings with it: an exception whose str() fails, a template reading an
+attribute of a JSON argument. Each leaves a clear record or a clear error, never a stuck key.
+
+Runs on whichever database DATABASE_URL names: PostgreSQL, MariaDB or SQLite.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+from celery import shared_task
+
+from django_idempotent_tasks.decorators import idempotent
+from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.tasks import IdempotentTask
+from django_idempotent_tasks.testing import assert_runs_once
+from tests.running import run_task
+
+
+class DetailError(Exception):
+    """An API client's error: its ``__str__`` returns its detail, a dict, so str() raises TypeError."""
+
+    def __init__(self, detail: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+    def __str__(self) -> str:
+        return self.detail  # type: ignore[no-any-return]
+
+
+class UnprintableError(Exception):
+    """An error neither str() nor repr() can render."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no str")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("no repr")
+
+
+@shared_task(base=IdempotentTask, bind=True, name="tests.worker_faults.raises_detail")
+def raises_detail(self: Any, code: int) -> None:
+    raise DetailError({"code": code})
+
+
+@shared_task(base=IdempotentTask, bind=True, name="tests.worker_faults.raises_unprintable")
+def raises_unprintable(self: Any) -> None:
+    raise UnprintableError()
+
+
+@idempotent
+def detail_function(code: int) -> None:
+    raise DetailError({"code": code})
+
+
+def failed_record(key: str) -> dict[str, str]:
+    record = IdempotencyRecord.objects.get(key=key)
+    assert record.status == "FAILED" and record.error is not None
+    return dict(record.error)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_error_whose_str_fails_fails_the_key_and_reaches_the_caller() -> None:
+    with pytest.raises(DetailError):
+        run_task(raises_detail, 7, key="str-fails")
+    error = failed_record("str-fails")
+    assert error["type"] == "DetailError"
+    assert error["message"] == "DetailError (its str() failed): DetailError({'code': 7})"
+    with pytest.raises(DetailError):  # FAILED, not stuck IN_PROGRESS: the next delivery runs it again
+        run_task(raises_detail, 7, key="str-fails")
+
+
+@pytest.fixture
+def lenient_logging(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Log lines that cannot be formatted are dropped, as logging does, instead of failing the test.
+
+    The package logs a failure with %r of the error; pytest's capturing handler raises when that
+    repr() fails, where logging's own handlers report it on stderr (or drop it) and carry on.
+    """
+    monkeypatch.setattr(logging, "raiseExceptions", False)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("lenient_logging")
+def test_an_error_whose_str_and_repr_fail_fails_the_key_and_reaches_the_caller() -> None:
+    with pytest.raises(UnprintableError):
+        run_task(raises_unprintable, key="repr-fails")
+    assert failed_record("repr-fails")["message"] == "UnprintableError (its str() and repr() failed)"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_function_whose_error_str_fails_fails_the_key_and_raises_it() -> None:
+    with pytest.raises(DetailError):
+        detail_function(3, idempotency_key="function-str-fails")
+    assert failed_record("function-str-fails")["type"] == "DetailError"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("lenient_logging")
+def test_assert_runs_once_reports_an_error_whose_repr_fails() -> None:
+    with pytest.raises(AssertionError, match=r"raised: \[UnprintableError \(its repr\(\) failed\)\]"):
+        assert_runs_once(raises_unprintable, key="helper-repr-fails", times=1, threads=False)
