@@ -14,6 +14,7 @@ from typing import Any
 from django.core.serializers.json import DjangoJSONEncoder
 
 from django_idempotent_tasks.exceptions import InvalidIdempotencyKey, MissingIdempotencyKey
+from django_idempotent_tasks.values import error_repr
 
 MAX_KEY_LENGTH = 255
 # Unicode's categories Cc (control) and Cs (surrogate) are exactly these ranges (a regex scans a key
@@ -139,12 +140,15 @@ def derive_key(
     if callable(source):
         return validate_key(source(*args, **kwargs))
     try:
-        return validate_key(source.format(**bind_arguments(run, args, kwargs)))
-    except (KeyError, IndexError, TypeError) as exc:
+        key = source.format(**bind_arguments(run, args, kwargs))
+    # Arguments arrive as JSON values: {order.id} on a dict is an AttributeError, {amount:d} on
+    # a str a ValueError. validate_key() stays outside: its InvalidIdempotencyKey is a ValueError.
+    except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
         raise MissingIdempotencyKey(
             f"Task {task_name!r} could not derive its idempotency key from the template "
-            f"{source!r}: {exc!r}. Pass idempotency_key=... or fix the template."
+            f"{source!r}: {error_repr(exc)}. Pass idempotency_key=... or fix the template."
         ) from exc
+    return validate_key(key)
 
 
 def missing_key_error(task_name: str) -> MissingIdempotencyKey:

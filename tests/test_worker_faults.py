@@ -7,16 +7,24 @@ Runs on whichever database DATABASE_URL names: PostgreSQL, MariaDB or SQLite.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
+import redis
 from celery import shared_task
+from django.conf import settings
 
 from django_idempotent_tasks.decorators import idempotent
+from django_idempotent_tasks.exceptions import MissingIdempotencyKey
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import IdempotentTask
 from django_idempotent_tasks.testing import assert_runs_once
+from tests.celery_app import app as celery_app
 from tests.running import run_task
+
+# No worker consumes this queue: what delay() sent stays there to be counted.
+QUEUE = "worker-faults-tests"
 
 
 class DetailError(Exception):
@@ -102,3 +110,73 @@ def test_a_function_whose_error_str_fails_fails_the_key_and_raises_it() -> None:
 def test_assert_runs_once_reports_an_error_whose_repr_fails() -> None:
     with pytest.raises(AssertionError, match=r"raised: \[UnprintableError \(its repr\(\) failed\)\]"):
         assert_runs_once(raises_unprintable, key="helper-repr-fails", times=1, threads=False)
+
+
+@shared_task(
+    base=IdempotentTask,
+    bind=True,
+    name="tests.worker_faults.order_attribute",
+    idempotency_key="order-{order.id}",
+)
+def order_attribute(self: Any, order: dict[str, Any]) -> None:
+    """A template reading an attribute of an argument that arrives as a JSON object."""
+
+
+@shared_task(
+    base=IdempotentTask,
+    bind=True,
+    name="tests.worker_faults.bad_format_spec",
+    idempotency_key="order-{order_id:q}",
+)
+def bad_format_spec(self: Any, order_id: int) -> None:
+    """A template whose format spec does not apply to the argument."""
+
+
+@idempotent(key="order-{order.id}")
+def order_attribute_function(order: dict[str, Any]) -> None:
+    """The function form of ``order_attribute``."""
+
+
+@pytest.fixture
+def broker() -> Iterator[redis.Redis]:
+    default = celery_app.conf.task_default_queue
+    celery_app.conf.task_default_queue = QUEUE
+    broker = redis.Redis.from_url(settings.CELERY_BROKER_URL)
+    broker.delete(QUEUE)
+    try:
+        yield broker
+    finally:
+        celery_app.conf.task_default_queue = default
+        broker.delete(QUEUE)
+
+
+@pytest.mark.parametrize(
+    ("task", "template", "problem"),
+    [
+        (order_attribute, "order-{order.id}", "AttributeError(\"'dict' object has no attribute 'id'\")"),
+        (
+            bad_format_spec,
+            "order-{order_id:q}",
+            "ValueError(\"Unknown format code 'q' for object of type 'int'\")",
+        ),
+    ],
+)
+def test_a_template_that_cannot_render_names_the_task_and_sends_nothing(
+    broker: redis.Redis, task: Any, template: str, problem: str
+) -> None:
+    with pytest.raises(MissingIdempotencyKey) as caught:
+        task.delay({"id": 5} if task is order_attribute else 5)
+    assert str(caught.value) == (
+        f"Task {task.name!r} could not derive its idempotency key from the template {template!r}: "
+        f"{problem}. Pass idempotency_key=... or fix the template."
+    )
+    assert broker.llen(QUEUE) == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_function_template_that_cannot_render_names_it_and_runs_nothing() -> None:
+    with pytest.raises(
+        MissingIdempotencyKey, match=r"order_attribute_function.*'order-\{order.id\}'.*AttributeError"
+    ):
+        order_attribute_function({"id": 5})
+    assert not IdempotencyRecord.objects.exists()
