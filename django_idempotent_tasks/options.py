@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dis
 import inspect
 import weakref
 from collections.abc import Callable, Mapping
@@ -24,9 +25,20 @@ UNBOUND_SELF = (
 )
 
 
+# co_names also holds attribute names: jira's issue.self or JSON:API's links.self is no use of self.
+_NAME_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+
+
+def _loads_name_self(code: CodeType) -> bool:
+    """``code`` itself (not a function nested in it) loads a global or name ``self``."""
+    if "self" not in code.co_names:  # no disassembly for the bodies that never mention it
+        return False
+    return any(op.opname in _NAME_LOADS and op.argval == "self" for op in dis.get_instructions(code))
+
+
 def _reads_global_self(code: CodeType) -> bool:
     """``code`` or a function nested in it reads a global named ``self`` (the task it is not given)."""
-    if "self" in code.co_names:
+    if _loads_name_self(code):
         return True
     return any(isinstance(const, CodeType) and _reads_global_self(const) for const in code.co_consts)
 

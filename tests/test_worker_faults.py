@@ -7,16 +7,17 @@ Runs on whichever database DATABASE_URL names: PostgreSQL, MariaDB or SQLite.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import redis
-from celery import shared_task
+from celery import Celery, shared_task
 from django.conf import settings
 
 from django_idempotent_tasks.decorators import idempotent
-from django_idempotent_tasks.exceptions import MissingIdempotencyKey
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, MissingIdempotencyKey
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import IdempotentTask
 from django_idempotent_tasks.testing import assert_runs_once
@@ -180,3 +181,36 @@ def test_a_function_template_that_cannot_render_names_it_and_runs_nothing() -> N
     ):
         order_attribute_function({"id": 5})
     assert not IdempotencyRecord.objects.exists()
+
+
+def unbound_task(name: str) -> Callable[[Callable[..., Any]], Any]:
+    """A decorator making an idempotent task without bind=True, on a throwaway Celery app.
+
+    Not @shared_task nor the test app: a task refused at bind would stay in that app's registry,
+    and a shared one would be built again in every Celery app a later test creates.
+    """
+    decorate: Any = Celery("worker-faults", set_as_current=False).task
+    made: Callable[[Callable[..., Any]], Any] = decorate(
+        base=IdempotentTask, lazy=False, shared=False, name=f"tests.worker_faults.{name}"
+    )
+    return made
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_unbound_task_reading_an_attribute_named_self_binds_and_runs() -> None:
+    # Defined here, not at import, so that a refusal at bind fails this test alone.
+    @unbound_task("reads_attribute_self")
+    def reads_attribute_self(value: str) -> Any:
+        link = SimpleNamespace(self=value)  # jira's issue.self, JSON:API's links.self
+        return link.self, (lambda: link.self)()
+
+    assert run_task(reads_attribute_self, "x", key="attribute-self") == ["x", "x"]
+    assert IdempotencyRecord.objects.get(key="attribute-self").status == "SUCCEEDED"
+
+
+def test_an_unbound_task_reading_a_global_self_is_still_refused() -> None:
+    with pytest.raises(IdempotencyConfigurationError, match=r"'tests.worker_faults.global_self' uses self"):
+
+        @unbound_task("global_self")
+        def global_self(value: str) -> Any:
+            return SimpleNamespace(self=value).self, self.idempotency.key  # type: ignore[name-defined]  # noqa: F821
