@@ -9,7 +9,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from celery import states
@@ -329,13 +329,52 @@ def redrivable(older_than: int, limit: int | None = None) -> list[IdempotencyRec
     return found
 
 
-def redrive(older_than: int, limit: int | None = None) -> list[str]:
-    """Send again the PENDING records due for it; returns the task ids sent (a failed send is logged)."""
-    sent: list[str] = []
-    for record in redrivable(older_than, limit):
+@dataclass(frozen=True)
+class Unsent:
+    """A due record the re-drive skipped: its stored call could not be sent (``error`` says why)."""
+
+    record: IdempotencyRecord
+    error: Exception
+
+
+@dataclass
+class Redriven:
+    """What one re-drive did: the records sent, those it skipped, and the broker error that stopped it."""
+
+    due: int = 0
+    sent: list[IdempotencyRecord] = field(default_factory=list)
+    unsent: list[Unsent] = field(default_factory=list)
+    broker_error: Exception | None = None
+
+    @property
+    def left_pending(self) -> int:
+        """The due records not sent: skipped, or not tried after the broker refused one."""
+        return self.due - len(self.sent)
+
+
+def redrive(older_than: int, limit: int | None = None) -> Redriven:
+    """Send again the PENDING records due for it, oldest first: a record that cannot be sent is
+    logged and skipped, a broker error stops the re-drive (the others would fail the same way)."""
+    due = redrivable(older_than, limit)
+    done = Redriven(due=len(due))
+    for record in due:
         try:
-            sent.append(send_again(record))
+            send_again(record)
         except (BrokerError, OSError) as exc:
             logger.warning("%s could not be sent again: %r; the next re-drive tries again.", record, exc)
-            break  # the broker is down: the others would fail the same way
-    return sent
+            done.broker_error = exc
+            break
+        except Exception as exc:
+            # Skipped, or this record (the oldest) would stop every re-drive: a stored call that
+            # no longer fits its task after a deploy, an option Celery refuses.
+            logger.error(
+                "%s could not be sent again and was skipped: %r.",
+                record,
+                exc,
+                exc_info=True,
+                extra={"idempotency_outcome": "redrive_failed"},
+            )
+            done.unsent.append(Unsent(record, exc))
+        else:
+            done.sent.append(record)
+    return done

@@ -271,4 +271,4 @@ def purge_expired_records(batch_size: int = 1000) -> int:
 @shared_task(name="django_idempotent_tasks.redrive_pending_records", ignore_result=True)
 def redrive_pending_records(limit: int = 1000) -> int:
     """Send again the PENDING records whose message never arrived; schedule it with celery beat."""
-    return len(outbox.redrive(conf.REDRIVE_AFTER, limit))
+    return len(outbox.redrive(conf.REDRIVE_AFTER, limit).sent)

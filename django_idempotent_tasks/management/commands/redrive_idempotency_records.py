@@ -8,11 +8,11 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils.translation import ngettext
-from kombu.exceptions import OperationalError as BrokerError
 
 from django_idempotent_tasks import outbox
 from django_idempotent_tasks.conf import conf
 from django_idempotent_tasks.management import options
+from django_idempotent_tasks.models import IdempotencyRecord
 
 
 class Command(BaseCommand):
@@ -55,31 +55,15 @@ class Command(BaseCommand):
         **extra: Any,
     ) -> None:
         seconds = conf.REDRIVE_AFTER if older_than is None else int(older_than.total_seconds())
-        due = outbox.redrivable(seconds, limit)
-        sent: list[dict[str, str]] = []
-        failure: BaseException | None = None
-        for record in due:
-            entry = {
-                "scope": record.scope,
-                "key": record.key,
-                "task": record.task_name,
-                "task_id": record.task_id,
-            }
-            if not dry_run:
-                try:
-                    outbox.send_again(record)
-                except (BrokerError, OSError) as exc:
-                    failure = exc
-                    break
-            sent.append(entry)
+        done = _would_redrive(seconds, limit) if dry_run else outbox.redrive(seconds, limit)
         if as_json:
+            sent = [_entry(record) for record in done.sent]
             self.stdout.write(json.dumps({"dry_run": dry_run, "count": len(sent), "records": sent}, indent=2))
         elif verbosity >= 1:
-            self.stdout.write(self._summary(len(sent), dry_run))
-        if failure is not None:
-            raise CommandError(
-                f"The broker refused a message ({failure!r}); {len(due) - len(sent)} left PENDING."
-            )
+            self.stdout.write(self._summary(len(done.sent), dry_run))
+        for unsent in done.unsent:
+            self.stderr.write(f"Could not send {unsent.record} again: {unsent.error!r}")
+        _fail_if_left_pending(done)
 
     def _summary(self, count: int, dry_run: bool) -> str:
         if count == 0:
@@ -91,3 +75,29 @@ class Command(BaseCommand):
         else:
             text = ngettext("Sent %(count)s record again.", "Sent %(count)s records again.", count)
         return text % {"count": f"{count:,}"}
+
+
+def _entry(record: IdempotencyRecord) -> dict[str, str]:
+    return {"scope": record.scope, "key": record.key, "task": record.task_name, "task_id": record.task_id}
+
+
+def _would_redrive(older_than: int, limit: int | None) -> outbox.Redriven:
+    """What a re-drive would send, sending nothing."""
+    due = outbox.redrivable(older_than, limit)
+    return outbox.Redriven(due=len(due), sent=due)
+
+
+def _fail_if_left_pending(done: outbox.Redriven) -> None:
+    """A CommandError (a non-zero exit, for cron and CI) when a due record is still PENDING."""
+    if done.broker_error is not None:
+        raise CommandError(
+            f"The broker refused a message ({done.broker_error!r}); {done.left_pending} left PENDING."
+        )
+    if done.unsent:
+        count = len(done.unsent)
+        text = ngettext(
+            "%(count)s record could not be sent again; it is left PENDING.",
+            "%(count)s records could not be sent again; they are left PENDING.",
+            count,
+        )
+        raise CommandError(text % {"count": f"{count:,}"})

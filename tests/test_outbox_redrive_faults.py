@@ -1,0 +1,84 @@
+"""The outbox's re-drive and stored messages when something is off: a record that cannot be sent,
+a project without time zones, a countdown or ETA of the wrong type, a key whose body handed on."""
+
+from __future__ import annotations
+
+import json
+import logging
+from datetime import timedelta
+from io import StringIO
+from typing import Any
+
+import pytest
+import redis
+from django.conf import settings as django_settings
+from django.core.management import CommandError
+from django.utils.dateparse import parse_datetime
+
+from django_idempotent_tasks.models import IdempotencyRecord
+from django_idempotent_tasks.tasks import redrive_pending_records
+from tests import brokers
+from tests.running import run_command
+from tests.testapp.tasks import outbox_effect
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def queued() -> list[dict[str, Any]]:
+    """The messages waiting at the broker (Redis), as the worker would read them."""
+    broker = redis.Redis.from_url(django_settings.CELERY_BROKER_URL)
+    return [json.loads(raw) for raw in broker.lrange("celery", 0, -1)]
+
+
+def queued_ids() -> list[str]:
+    return [message["headers"]["id"] for message in queued()]
+
+
+def age(key: str, seconds: int) -> None:
+    """Make the record of ``key`` and its message ``seconds`` older."""
+    record = IdempotencyRecord.objects.get(key=key)
+    message = dict(record.message or {})
+    for name in ("sent_at", "eta"):
+        at = parse_datetime(message.get(name) or "")
+        if at is not None:
+            message[name] = (at - timedelta(seconds=seconds)).isoformat()
+    IdempotencyRecord.objects.filter(pk=record.pk).update(
+        created_at=record.created_at - timedelta(seconds=seconds), message=message
+    )
+
+
+@pytest.fixture(autouse=True)
+def _redis_broker() -> None:
+    if brokers.is_amqp():
+        pytest.skip("counts messages in the Redis broker's list")  # the default broker of the suite
+
+
+def test_a_record_that_no_longer_fits_its_task_is_skipped_and_the_others_are_sent(
+    settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings.IDEMPOTENT_TASKS_REDRIVE_AFTER = 600
+    outbox_effect.delay(1, idempotency_key="rf-stale")
+    good = outbox_effect.delay(2, idempotency_key="rf-good")
+    brokers.empty()
+    stale = IdempotencyRecord.objects.get(key="rf-stale")
+    message: Any = stale.message
+    message["call"]["kwargs"]["renamed_since"] = 1  # a deploy renamed the task's parameter
+    IdempotencyRecord.objects.filter(pk=stale.pk).update(message=message)
+    age("rf-stale", 900)  # the oldest: tried first
+    age("rf-good", 700)
+    out = StringIO()
+    with pytest.raises(CommandError, match="1 record could not be sent again; it is left PENDING."):
+        run_command("redrive_idempotency_records", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "Sent 1 record again."
+    assert lines[1].startswith(f"Could not send {stale} again: TypeError(")
+    assert queued_ids() == [good.id]
+    errors = [line for line in caplog.records if line.levelno == logging.ERROR]
+    assert [(line.name, line.exc_info is not None) for line in errors] == [("django_idempotent_tasks", True)]
+    assert str(stale) in errors[0].getMessage()
+    assert IdempotencyRecord.objects.get(key="rf-stale").status == IdempotencyRecord.Status.PENDING
+
+    brokers.empty()
+    age("rf-good", 700)
+    assert redrive_pending_records() == 1  # the periodic task goes past it too
+    assert queued_ids() == [good.id]
