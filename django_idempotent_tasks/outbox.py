@@ -78,6 +78,17 @@ def _name(value: Any) -> Any:
     return getattr(value, "name", value)  # a kombu Queue or Exchange: its name
 
 
+def _utc_now() -> datetime.datetime:
+    # Aware UTC whatever USE_TZ says: under USE_TZ=False timezone.now() is naive local time, which
+    # Celery's worker (and _as_utc) would read as UTC.
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+def _as_utc(value: datetime.datetime) -> datetime.datetime:
+    """A naive time read as UTC, as Celery's worker reads a naive ETA (maybe_make_aware)."""
+    return value.replace(tzinfo=datetime.timezone.utc) if timezone.is_naive(value) else value
+
+
 def _absolute(value: Any, now: datetime.datetime) -> str | None:
     """A countdown, ETA or expiry (seconds or a datetime) as an absolute ISO time in UTC."""
     if value is None:
@@ -86,9 +97,7 @@ def _absolute(value: Any, now: datetime.datetime) -> str | None:
         value = now + datetime.timedelta(seconds=value)
     if isinstance(value, str):
         value = parse_datetime(value)
-    if timezone.is_naive(value):
-        value = timezone.make_aware(value, datetime.timezone.utc)
-    return str(value.astimezone(datetime.timezone.utc).isoformat())
+    return str(_as_utc(value).astimezone(datetime.timezone.utc).isoformat())
 
 
 def message(
@@ -103,7 +112,7 @@ def message(
     The arguments and callbacks go through kombu's JSON encoding, which keeps the types Celery's
     JSON serializer keeps (datetime, Decimal, UUID): a re-sent call has the fingerprint of the first.
     """
-    now = timezone.now()
+    now = _utc_now()
     sending = {name: _name(options[name]) for name in ROUTING if options.get(name) is not None}
     eta = _absolute(options.get("eta") if options.get("eta") is not None else options.get("countdown"), now)
     expires = _absolute(options.get("expires"), now)
@@ -279,7 +288,7 @@ def _stored(record: IdempotencyRecord, status: str) -> dict[str, Any]:
 def send_again(record: IdempotencyRecord) -> str:
     """Publish a PENDING record's stored message again under its own task id; returns the task id."""
     stored = _stored(record, Status.PENDING)
-    stored["sent_at"] = timezone.now().isoformat()
+    stored["sent_at"] = _utc_now().isoformat()
     publish(stored)
     store.note_sent(record, stored)
     logger.info(
@@ -295,7 +304,7 @@ def run_again(record: IdempotencyRecord) -> str:
     """Put a FAILED record of an outbox task back to PENDING under a new task id, attempts reset,
     and publish it after commit; returns the new task id."""
     stored = _stored(record, Status.FAILED)
-    stored.update(id=uuid(), sent_at=timezone.now().isoformat())
+    stored.update(id=uuid(), sent_at=_utc_now().isoformat())
     if not store.repend(record, task_id=stored["id"], message=stored, reset_attempts=True):
         raise OutboxError(f"{record} changed since it was read (another delivery or operator took it).")
     _after_commit(lambda: publish(stored), str(record))
@@ -303,15 +312,17 @@ def run_again(record: IdempotencyRecord) -> str:
 
 
 def due(stored: Mapping[str, Any], older_than: int, now: datetime.datetime) -> bool:
-    """A PENDING message is due for a re-send: ``older_than`` seconds past its send time and its ETA."""
+    """A PENDING message is due for a re-send: ``older_than`` seconds past its send time and its ETA
+    (``now`` aware; a naive stored time, as older releases wrote under USE_TZ=False, is read as UTC)."""
     times = [parse_datetime(stored.get(name) or "") for name in ("sent_at", "eta")]
-    since = max((time for time in times if time is not None), default=None)
+    since = max((_as_utc(time) for time in times if time is not None), default=None)
     return since is None or now >= since + datetime.timedelta(seconds=older_than)
 
 
 def redrivable(older_than: int, limit: int | None = None) -> list[IdempotencyRecord]:
     """The PENDING records with a message due for a re-send, oldest first (at most ``limit``)."""
-    now = timezone.now()
+    now = timezone.now()  # naive under USE_TZ=False: what the database compares created_at with
+    utc_now = _utc_now()
     found: list[IdempotencyRecord] = []
     # created_at bounds the send time from below: only records at least that old can be due.
     candidates = (
@@ -321,7 +332,7 @@ def redrivable(older_than: int, limit: int | None = None) -> list[IdempotencyRec
         if (
             isinstance(record.message, dict)
             and record.message.get("call")
-            and due(record.message, older_than, now)
+            and due(record.message, older_than, utc_now)
         ):
             found.append(record)
             if limit is not None and len(found) >= limit:

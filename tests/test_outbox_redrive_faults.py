@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from io import StringIO
 from typing import Any
 
 import pytest
 import redis
+from celery.utils.time import maybe_iso8601, maybe_make_aware
 from django.conf import settings as django_settings
+from django.contrib.auth.models import User
 from django.core.management import CommandError
 from django.utils.dateparse import parse_datetime
 
@@ -19,6 +21,7 @@ from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.tasks import redrive_pending_records
 from tests import brokers
 from tests.running import run_command
+from tests.test_admin import detail, login
 from tests.testapp.tasks import outbox_effect
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,3 +85,35 @@ def test_a_record_that_no_longer_fits_its_task_is_skipped_and_the_others_are_sen
     age("rf-good", 700)
     assert redrive_pending_records() == 1  # the periodic task goes past it too
     assert queued_ids() == [good.id]
+
+
+def worker_reads(eta: str) -> datetime:
+    """The instant a Celery worker reads from a message's ETA (celery.worker.request)."""
+    parsed = maybe_iso8601(eta)
+    assert parsed is not None
+    return maybe_make_aware(parsed)
+
+
+def test_without_time_zones_a_countdown_is_stored_as_the_instant_celery_published(settings: Any) -> None:
+    settings.USE_TZ = False
+    settings.TIME_ZONE = "America/New_York"  # local time is never UTC here, in any season
+    result = outbox_effect.apply_async((1,), {"idempotency_key": "rf-naive"}, countdown=60)
+    [message] = queued()
+    stored: Any = IdempotencyRecord.objects.get(key="rf-naive").message
+    published = worker_reads(message["headers"]["eta"])
+    assert abs(worker_reads(stored["eta"]) - published) < timedelta(seconds=2)
+    assert parse_datetime(stored["sent_at"]).utcoffset() == timedelta(0)  # type: ignore[union-attr]
+    brokers.empty()
+    age("rf-naive", 700)
+    assert run_command("redrive_idempotency_records") == "Sent 1 record again.\n"
+    assert queued_ids() == [result.id]
+
+
+def test_without_time_zones_the_admin_tells_a_pending_records_age(settings: Any) -> None:
+    settings.USE_TZ = False
+    settings.TIME_ZONE = "America/New_York"
+    outbox_effect.apply_async((1,), {"idempotency_key": "rf-naive-admin"}, countdown=3600)
+    admin = login(User.objects.create_superuser("root", "root@example.com", None))
+    scheduled = IdempotencyRecord.objects.get(key="rf-naive-admin")
+    page = admin.get(detail(scheduled)).content.decode()
+    assert "Sent 0 s ago for a run in 59 min (its ETA)" in page

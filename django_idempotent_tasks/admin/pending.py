@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
@@ -14,19 +15,30 @@ from django_idempotent_tasks.models import IdempotencyRecord
 Status = IdempotencyRecord.Status
 
 
+def _now() -> datetime:
+    # Aware whatever USE_TZ says: the message's times are aware UTC (outbox.message).
+    return datetime.now(dt_timezone.utc)
+
+
 def _moment(record: IdempotencyRecord, name: str) -> datetime | None:
     value = record.message.get(name) if isinstance(record.message, dict) else None
-    return parse_datetime(value) if isinstance(value, str) else None
+    moment = parse_datetime(value) if isinstance(value, str) else None
+    if moment is not None and timezone.is_naive(moment):
+        return moment.replace(tzinfo=dt_timezone.utc)  # read as UTC, as the re-drive does
+    return moment
 
 
 def since(record: IdempotencyRecord) -> datetime:
     """When the record's message was last sent (by the caller, Run again or a re-send)."""
-    return _moment(record, "sent_at") or record.created_at
+    created = record.created_at  # naive local time under USE_TZ=False
+    return _moment(record, "sent_at") or (
+        timezone.make_aware(created) if timezone.is_naive(created) else created
+    )
 
 
 def age(moment: datetime) -> str:
     """The time since ``moment``, short: ``45 s``, ``12 min``, ``5 h``, ``3 d``."""
-    seconds = max(0, int((timezone.now() - moment).total_seconds()))
+    seconds = max(0, int((_now() - moment).total_seconds()))
     for unit, size, below in (("s", 1, 120), ("min", 60, 120), ("h", 3600, 48)):
         if seconds < size * below:
             return f"{seconds // size} {unit}"
@@ -39,7 +51,7 @@ def describe(record: IdempotencyRecord) -> str:
         return gettext("Failed: Run again puts it back to PENDING and publishes it under a new task id.")
     if record.status != Status.PENDING:
         return gettext("Taken by a worker: the stored message is kept until the key succeeds.")
-    now = timezone.now()
+    now = _now()
     values = {"age": age(since(record)), "after": conf.REDRIVE_AFTER}
     eta = _moment(record, "eta")
     # The re-drive's rule (outbox.due): REDRIVE_AFTER seconds past the last send and past the ETA.
