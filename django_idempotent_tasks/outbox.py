@@ -89,15 +89,40 @@ def _as_utc(value: datetime.datetime) -> datetime.datetime:
     return value.replace(tzinfo=datetime.timezone.utc) if timezone.is_naive(value) else value
 
 
-def _absolute(value: Any, now: datetime.datetime) -> str | None:
-    """A countdown, ETA or expiry (seconds or a datetime) as an absolute ISO time in UTC."""
+#: What Celery's apply_async takes for each time option (celery.app.amqp), and how errors say it.
+_TIME_OPTIONS: dict[str, tuple[tuple[type, ...], str]] = {
+    "countdown": ((int, float), "a number of seconds"),
+    "eta": ((datetime.datetime, str), "a datetime or an ISO 8601 datetime string"),
+    "expires": (
+        (int, float, datetime.datetime, str),
+        "a number of seconds, a datetime or an ISO 8601 datetime string",
+    ),
+}
+
+
+def _absolute(option: str, value: Any, now: datetime.datetime) -> str | None:
+    """The ``countdown``, ``eta`` or ``expires`` option as an absolute ISO time in UTC; a
+    TypeError or ValueError naming the option for a value Celery would not take."""
     if value is None:
         return None
+    kinds, accepted = _TIME_OPTIONS[option]
+    if not isinstance(value, kinds):
+        raise TypeError(f"{option} must be {accepted}, not {type(value).__name__} ({value!r}).")
     if isinstance(value, (int, float)):
         value = now + datetime.timedelta(seconds=value)
-    if isinstance(value, str):
-        value = parse_datetime(value)
+    elif isinstance(value, str):
+        value = _parsed(option, value, accepted)
     return str(_as_utc(value).astimezone(datetime.timezone.utc).isoformat())
+
+
+def _parsed(option: str, text: str, accepted: str) -> datetime.datetime:
+    try:
+        parsed = parse_datetime(text)  # None when malformed, ValueError when out of range
+    except ValueError:
+        parsed = None
+    if parsed is None:
+        raise ValueError(f"{option} must be {accepted}: {text!r} is not an ISO 8601 datetime.")
+    return parsed
 
 
 def message(
@@ -114,8 +139,9 @@ def message(
     """
     now = _utc_now()
     sending = {name: _name(options[name]) for name in ROUTING if options.get(name) is not None}
-    eta = _absolute(options.get("eta") if options.get("eta") is not None else options.get("countdown"), now)
-    expires = _absolute(options.get("expires"), now)
+    when = "eta" if options.get("eta") is not None else "countdown"
+    eta = _absolute(when, options.get(when), now)
+    expires = _absolute("expires", options.get("expires"), now)
     canvas = {name: options[name] for name in CANVAS if options.get(name) is not None}
     call = {"args": list(args or ()), "kwargs": dict(kwargs), **canvas}
     return {

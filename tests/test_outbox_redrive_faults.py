@@ -117,3 +117,27 @@ def test_without_time_zones_the_admin_tells_a_pending_records_age(settings: Any)
     scheduled = IdempotencyRecord.objects.get(key="rf-naive-admin")
     page = admin.get(detail(scheduled)).content.decode()
     assert "Sent 0 s ago for a run in 59 min (its ETA)" in page
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        (
+            {"eta": "tomorrow"},
+            ValueError,
+            r"eta must be a datetime or an ISO 8601 datetime string: 'tomorrow'",
+        ),
+        ({"eta": "2031-02-30T10:00:00"}, ValueError, r"eta must be .*: '2031-02-30T10:00:00' is not an ISO"),
+        ({"eta": 60}, TypeError, r"eta must be a datetime or an ISO 8601 datetime string, not int"),
+        ({"countdown": "60"}, TypeError, r"countdown must be a number of seconds, not str \('60'\)"),
+        ({"expires": "in an hour"}, ValueError, r"expires must be a number of seconds, a datetime or an ISO"),
+        ({"expires": [3600]}, TypeError, r"expires must be .*, not list"),
+    ],
+)
+def test_a_time_option_celery_would_not_take_is_refused_and_nothing_is_written_or_sent(
+    options: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        outbox_effect.apply_async((1,), {"idempotency_key": "rf-when"}, **options)
+    assert not IdempotencyRecord.objects.exists()
+    assert queued() == []
