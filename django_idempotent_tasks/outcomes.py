@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+#: The stored result of a key whose body replaced itself (``self.replace``) or raised ``Ignore``.
+HANDED_ON = {"django_idempotent_tasks.handed_on": True}
+
 
 @dataclass(frozen=True)
 class Replayed:

@@ -22,6 +22,7 @@ from django_idempotent_tasks.delivery import Delivery, deliver
 from django_idempotent_tasks.exceptions import TaskInProgress, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
 from django_idempotent_tasks.options import TaskOptions, bind_task, task_options
+from django_idempotent_tasks.outcomes import HANDED_ON as HANDED_ON  # still importable from here
 from django_idempotent_tasks.outcomes import Busy, Completed, Outcome, Requeue
 from django_idempotent_tasks.spec import KEY_ARGUMENT, Spec
 
@@ -53,8 +54,6 @@ def _current(task: Any) -> _Call | None:
 #: Celery's positional arguments of ``apply_async`` after ``task_id``.
 SENDING_ARGUMENTS = ("producer", "link", "link_error", "shadow")
 CONFLICTS_HEADER = "idempotency_conflicts"  # how many times this delivery was re-queued by a conflict
-#: The stored result of a key whose body replaced itself (``self.replace``) or raised ``Ignore``.
-HANDED_ON = {"django_idempotent_tasks.handed_on": True}
 
 
 class IdempotentRequest(Request):
@@ -166,7 +165,10 @@ class IdempotentTask(Base):
         )
         send = functools.partial(super().apply_async, args, checked.kwargs, **options)
         enqueued = outbox.enqueue(call, stored, send)
-        if enqueued.replayed:
+        # A key whose body handed on has no value of its own: its delivery answers a replay with
+        # Ignore (_answer). The handed-on work's result, if any, is under the first task id (replace
+        # freezes the replacement with it), so the caller gets that id's result, as when attaching.
+        if enqueued.replayed and enqueued.value != HANDED_ON:
             return outbox.replayed_result(enqueued, self.name)
         return self.AsyncResult(enqueued.task_id)
 

@@ -18,7 +18,8 @@ from django.core.management import CommandError
 from django.utils.dateparse import parse_datetime
 
 from django_idempotent_tasks.models import IdempotencyRecord
-from django_idempotent_tasks.tasks import redrive_pending_records
+from django_idempotent_tasks.outbox import ReplayedResult
+from django_idempotent_tasks.tasks import HANDED_ON, redrive_pending_records
 from tests import brokers
 from tests.running import run_command
 from tests.test_admin import detail, login
@@ -141,3 +142,18 @@ def test_a_time_option_celery_would_not_take_is_refused_and_nothing_is_written_o
         outbox_effect.apply_async((1,), {"idempotency_key": "rf-when"}, **options)
     assert not IdempotencyRecord.objects.exists()
     assert queued() == []
+
+
+def test_a_key_whose_body_handed_on_is_not_replayed_at_the_caller_as_its_marker() -> None:
+    first = outbox_effect.delay(1, idempotency_key="rf-handed-on")
+    brokers.empty()
+    # What a worker stores when the body called self.replace() or raised Ignore.
+    IdempotencyRecord.objects.filter(key="rf-handed-on").update(
+        status=IdempotencyRecord.Status.SUCCEEDED, result=HANDED_ON
+    )
+    again = outbox_effect.delay(1, idempotency_key="rf-handed-on")
+    assert not isinstance(again, ReplayedResult)
+    assert again.id == first.id  # the handed-on work's result, as for an attach
+    assert queued() == []
+    record = IdempotencyRecord.objects.get(key="rf-handed-on")
+    assert (record.status, record.result) == (IdempotencyRecord.Status.SUCCEEDED, HANDED_ON)
