@@ -354,6 +354,8 @@ def record_failure(delivery: Delivery, lease: Lease, exc: BaseException) -> None
     claim = lease.claim
     if lease.write(lambda: store.fail(claim, error, for_good_after=for_good)):
         delivery.send(signals.task_failed, fence=claim.fence, exc=cause)
-        logger.info("%s failed with %r; the next delivery may run it again.", delivery.label, cause)
+        logger.info(
+            "%s failed with %s; the next delivery may run it again.", delivery.label, values.error_repr(cause)
+        )
     else:
-        logger.warning("%s failed with %r after losing its lease.", delivery.label, cause)
+        logger.warning("%s failed with %s after losing its lease.", delivery.label, values.error_repr(cause))

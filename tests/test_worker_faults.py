@@ -6,7 +6,6 @@ Runs on whichever database DATABASE_URL names: PostgreSQL, MariaDB or SQLite.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -81,18 +80,7 @@ def test_an_error_whose_str_fails_fails_the_key_and_reaches_the_caller() -> None
         run_task(raises_detail, 7, key="str-fails")
 
 
-@pytest.fixture
-def lenient_logging(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Log lines that cannot be formatted are dropped, as logging does, instead of failing the test.
-
-    The package logs a failure with %r of the error; pytest's capturing handler raises when that
-    repr() fails, where logging's own handlers report it on stderr (or drop it) and carry on.
-    """
-    monkeypatch.setattr(logging, "raiseExceptions", False)
-
-
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("lenient_logging")
 def test_an_error_whose_str_and_repr_fail_fails_the_key_and_reaches_the_caller() -> None:
     with pytest.raises(UnprintableError):
         run_task(raises_unprintable, key="repr-fails")
@@ -107,7 +95,6 @@ def test_a_function_whose_error_str_fails_fails_the_key_and_raises_it() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("lenient_logging")
 def test_assert_runs_once_reports_an_error_whose_repr_fails() -> None:
     with pytest.raises(AssertionError, match=r"raised: \[UnprintableError \(its repr\(\) failed\)\]"):
         assert_runs_once(raises_unprintable, key="helper-repr-fails", times=1, threads=False)
