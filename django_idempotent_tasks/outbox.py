@@ -262,9 +262,11 @@ def enqueue(call: Call, stored: dict[str, Any], send: Callable[[], Any]) -> Enqu
                 f"The idempotency key {keys.loggable(call.key)!r} of {call.task_name!r} was used "
                 "before with different arguments. Use a new key for new work."
             )
-        if record.status != Status.FAILED and continues(stored):
+        if record.status != Status.FAILED and (continues(stored) or store.abandoned(record)):
             # Replaying or attaching here would drop the rest of the canvas, which travels in this
-            # message only: published, its delivery replays (or waits for) the key and goes on.
+            # message only: published, its delivery replays (or waits for) the key and goes on. A
+            # key whose worker died mid-body, its message gone, has nothing on its way to attach
+            # to: published, its delivery takes the key over, as a redelivery would.
             _after_commit(send, label)
             return Enqueued(stored["id"], sent=True)
         if record.status == Status.SUCCEEDED:

@@ -701,6 +701,14 @@ def insert_pending(
     return True
 
 
+def abandoned(record: Snapshot) -> bool:
+    """An IN_PROGRESS record whose holder's lease has expired (on the database clock): its worker died,
+    and nothing runs it until a delivery takes it over."""
+    if record.status != Status.IN_PROGRESS:
+        return False
+    return bool(records().filter(scope=record.scope, key=record.key).stuck().exists())
+
+
 def lookup_latest(scope: str, key: str) -> Snapshot | None:
     """The record as last committed, even inside a caller's transaction on MySQL (whose repeatable
     read would show the snapshot taken before a concurrent INSERT committed)."""

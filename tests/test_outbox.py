@@ -21,7 +21,7 @@ from django.db import close_old_connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from django_idempotent_tasks import outbox
+from django_idempotent_tasks import outbox, store
 from django_idempotent_tasks.exceptions import (
     AttemptsExhausted,
     IdempotencyConfigurationError,
@@ -176,6 +176,25 @@ def test_a_callback_or_a_chords_body_is_never_dropped_by_a_replay_at_the_caller(
     # Both members are published: the chord's body runs only once every member's worker reported.
     assert sorted(message["headers"]["task"] for message in queued()) == [outbox_effect.name] * 2
     assert all(message_embed(message)["chord"] for message in queued())
+
+
+def test_a_key_whose_worker_died_mid_body_is_published_again_not_attached_to() -> None:
+    first = outbox_effect.delay(1, idempotency_key="ob-dead-holder")
+    brokers.empty()  # the worker took the message, claimed the key and died; the message is gone
+    record = store.lookup(outbox_effect.name, "ob-dead-holder")
+    assert record is not None
+    assert store.take_over(record, task_id=first.id, worker="dead:1", lease_seconds=1, record_ttl=60)
+    assert outbox_effect.delay(1, idempotency_key="ob-dead-holder").id == first.id  # its lease lives
+    assert queued() == []
+    IdempotencyRecord.objects.filter(key="ob-dead-holder").update(
+        lease_expires_at=timezone.now() - timedelta(seconds=5)
+    )
+    again = outbox_effect.delay(1, idempotency_key="ob-dead-holder")
+    assert [message["headers"]["id"] for message in queued()] == [again.id] != [first.id]
+    assert outbox_effect.apply((1,), {"idempotency_key": "ob-dead-holder"}, task_id=again.id).get() == {
+        "value": 1,
+        "fence": 2,
+    }  # its delivery takes the key over (fence 2: the dead holder's was 1) and runs the body
 
 
 def test_a_replay_without_a_canvas_still_publishes_nothing() -> None:
