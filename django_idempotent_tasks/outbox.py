@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -194,7 +195,7 @@ def publish(stored: Mapping[str, Any], app: Any = None) -> Any:
         return app.send_task(stored["task"], args, kwargs, task_id=stored["id"], **sending)
 
 
-def _send_or_warn(send: Callable[[], Any], label: str) -> None:
+def _send_or_warn(send: Callable[[], Any], label: str, withdraw: Callable[[], Any] | None = None) -> None:
     try:
         send()
     except (BrokerError, OSError) as exc:
@@ -205,14 +206,21 @@ def _send_or_warn(send: Callable[[], Any], label: str) -> None:
             exc,
             extra={"idempotency_outcome": "publish_failed"},
         )
+    except Exception:
+        # Refused for the call itself (an unknown serializer, bad headers): the caller is told the
+        # call failed, so no re-drive may send it later.
+        if withdraw is not None:
+            withdraw()
+        raise
 
 
-def _after_commit(send: Callable[[], Any], label: str) -> None:
-    """Publish when the caller's transaction commits (at once in autocommit): a rollback sends nothing."""
+def _after_commit(send: Callable[[], Any], label: str, withdraw: Callable[[], Any] | None = None) -> None:
+    """Publish when the caller's transaction commits (at once in autocommit): a rollback sends
+    nothing. ``withdraw`` takes the record back when the publish raises anything but a broker error."""
     if store.in_transaction():
-        transaction.on_commit(lambda: _send_or_warn(send, label), using=store.database())
+        transaction.on_commit(lambda: _send_or_warn(send, label, withdraw), using=store.database())
     else:
-        _send_or_warn(send, label)
+        _send_or_warn(send, label, withdraw)
 
 
 @dataclass(frozen=True)
@@ -253,7 +261,8 @@ def enqueue(call: Call, stored: dict[str, Any], send: Callable[[], Any]) -> Enqu
                 message=stored,
             )
             if inserted:
-                _after_commit(send, label)
+                withdraw = functools.partial(store.withdraw_pending, call.scope, call.key, stored["id"])
+                _after_commit(send, label, withdraw)
                 return Enqueued(stored["id"], sent=True)
             record = store.lookup_latest(call.scope, call.key)  # another caller's INSERT won
             continue

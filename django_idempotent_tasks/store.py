@@ -701,6 +701,11 @@ def insert_pending(
     return True
 
 
+def withdraw_pending(scope: str, key: str, task_id: str) -> None:
+    """Delete the PENDING record a call wrote under ``task_id``, if it is still that record."""
+    records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING).delete()
+
+
 def abandoned(record: Snapshot) -> bool:
     """An IN_PROGRESS record whose holder's lease has expired (on the database clock): its worker died,
     and nothing runs it until a delivery takes it over."""

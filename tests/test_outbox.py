@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+from contextlib import nullcontext
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
@@ -20,6 +21,7 @@ from django.core.management import CommandError
 from django.db import close_old_connections, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from kombu.exceptions import SerializerNotInstalled
 
 from django_idempotent_tasks import outbox, store
 from django_idempotent_tasks.exceptions import (
@@ -195,6 +197,17 @@ def test_a_key_whose_worker_died_mid_body_is_published_again_not_attached_to() -
         "value": 1,
         "fence": 2,
     }  # its delivery takes the key over (fence 2: the dead holder's was 1) and runs the body
+
+
+@pytest.mark.parametrize("in_transaction", [False, True], ids=["autocommit", "caller's transaction"])
+def test_a_call_refused_at_publish_leaves_no_record_for_the_redrive(in_transaction: bool) -> None:
+    # The caller is told the call failed (an unknown serializer): no re-drive may send it later.
+    with pytest.raises(SerializerNotInstalled), transaction.atomic() if in_transaction else nullcontext():
+        outbox_effect.apply_async((1,), {"idempotency_key": "ob-refused"}, serializer="nope")
+    assert not IdempotencyRecord.objects.filter(key="ob-refused").exists()
+    assert queued() == []
+    outbox_effect.delay(1, idempotency_key="ob-refused")  # the key is free for the call made right
+    assert IdempotencyRecord.objects.get(key="ob-refused").status == Status.PENDING
 
 
 def test_a_replay_without_a_canvas_still_publishes_nothing() -> None:
