@@ -234,7 +234,13 @@ def run_claimed(
             "%s: an earlier attempt died mid-body; attempt %d takes over.", delivery.label, claim.attempt
         )
     lease = Lease(
-        claim, lock, label=delivery.label, ttl=delivery.lock_ttl, atomic=delivery.atomic, send=delivery.send
+        claim,
+        lock,
+        label=delivery.label,
+        ttl=delivery.lock_ttl,
+        atomic=delivery.atomic,
+        send=delivery.send,
+        uncommitted=store.in_transaction(),  # claimed in the caller's transaction
     )
     idempotency = Idempotency(delivery.key, delivery.scope, claim, delivery.max_result_bytes, lease.lost)
     lease.begin()

@@ -33,9 +33,14 @@ class Lease:
         ttl: int,
         atomic: bool,
         send: Callable[..., Any],
+        uncommitted: bool = False,
     ) -> None:
         self.claim, self.lock = claim, lock
         self.label, self.ttl, self.atomic, self.send = label, ttl, atomic, send
+        # Claimed inside the caller's transaction: until it commits, no other connection sees the
+        # record (so nothing can take it over), and a renewal from the heartbeat's connection would
+        # find no row (PostgreSQL) or wait on its lock (MySQL, SQLite) and take the lease for lost.
+        self.uncommitted = uncommitted
         self.lost = threading.Event()  # a renewal found the fence moved on: another delivery holds the key
         # True once the completion is being written: a renewal that finds the record no longer
         # IN_PROGRESS then is our own completion landing, not a lost lease. (A flag the heartbeat's
@@ -53,7 +58,15 @@ class Lease:
         self.heartbeat.stop()
 
     def renew(self) -> bool:
-        """Extend the database lease, then the Redis lock; returns False once the lease is lost."""
+        """Extend the database lease (not an uncommitted claim's), then the Redis lock; returns False
+        once the lease is lost."""
+        if not self.uncommitted and not self._renew_record():
+            return False
+        self._extend_lock()
+        return True
+
+    def _renew_record(self) -> bool:
+        """Extend the record's lease on the database clock; False once the lease is lost."""
         started = time.monotonic()
         try:
             # A renewal stuck on a row lock, a dead socket's peer or a synchronous standby gives up
@@ -77,12 +90,14 @@ class Lease:
             return False
         if renewed:
             self.until = started + self.ttl
+        return True
+
+    def _extend_lock(self) -> None:
         try:
             if self.lock is not None and not self.lock.extend():
                 logger.warning("%s: its Redis lock was lost; the database lease still guards it.", self.label)
         except RedisError as exc:
             logger.warning("%s could not renew its Redis lock: %r.", self.label, exc)
-        return True
 
     def write(self, write: Callable[[], bool]) -> bool:
         """A fenced write; on a broken connection, reconnect and write again while the lease is ours."""

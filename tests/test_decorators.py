@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from django.core.management import call_command
-from django.db import connection, connections
+from django.db import connection, connections, transaction
 from django.db.models import F
 from django.urls import reverse
 from django.utils import timezone
@@ -52,6 +52,15 @@ def received() -> Iterator[list[str]]:
     yield seen
     for name, handler in handlers.items():
         getattr(signals, name).disconnect(handler)
+
+
+def test_a_call_inside_the_callers_transaction_keeps_its_lease_past_its_length(received: list[str]) -> None:
+    # ATOMIC_REQUESTS, or an idempotent call inside an atomic body: the claim is not committed, so
+    # the heartbeat's connection cannot renew it, and no other delivery can take it over either.
+    with transaction.atomic():
+        lost = functions.outlives_its_lease(3, idempotency_key="in-a-transaction")
+    assert (lost, received.count("lease_lost")) == (False, 0)
+    assert IdempotencyRecord.objects.get(key="in-a-transaction").status == "SUCCEEDED"
 
 
 def test_a_second_call_replays_the_stored_result_without_the_body(received: list[str]) -> None:

@@ -63,6 +63,13 @@ def short_lease_atomic(value: Any, sleep: float = 0) -> dict[str, Any]:
     return result
 
 
+@idempotent(lock_ttl=2)
+def outlives_its_lease(sleep: float) -> bool:
+    """A body longer than its lease (renewed every 2/3 s); returns whether it was told it lost it."""
+    time.sleep(sleep)
+    return bool(current().lease_lost)
+
+
 @idempotent(atomic=True)
 def atomic_record(value: Any, fail: bool = False) -> dict[str, Any]:
     result = effect("atomic_record", value)
