@@ -12,10 +12,10 @@ from typing import Any
 from django_idempotent_tasks import keys
 from django_idempotent_tasks.conf import conf
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress
+from django_idempotent_tasks.exceptions import IdempotencyConfigurationError, TaskInProgress, UnstorableResult
 from django_idempotent_tasks.idempotency import Idempotency
 from django_idempotent_tasks.options import TaskOptions, check_options, freeze
-from django_idempotent_tasks.outcomes import Busy, Outcome, Requeue
+from django_idempotent_tasks.outcomes import Busy, Completed, Outcome, Requeue
 
 KEY_ARGUMENT = "idempotency_key"
 ASYNC_BODY = {
@@ -128,15 +128,19 @@ class Spec:
         def body(idempotency: Idempotency) -> Any:
             return self.run(*args, **body_kwargs)
 
-        return value_of(deliver(self.delivery(call), body))
+        delivery = self.delivery(call)
+        return value_of(deliver(delivery, body), delivery.label)
 
 
-def value_of(outcome: Outcome) -> Any:
-    """The value of a delivery with no broker behind it; a key held too long raises TaskInProgress."""
+def value_of(outcome: Outcome, label: str) -> Any:
+    """The value of a delivery with no broker behind it; a key held too long raises TaskInProgress,
+    a result that could not be stored UnstorableResult (the key is done: the caller hears of it)."""
     if isinstance(outcome, Busy):  # a delivery with no broker waits or raises, never re-queues
         raise TaskInProgress(outcome.message)
     if isinstance(outcome, Requeue):  # pragma: no cover - a delivery with no broker raises instead
         raise AssertionError(f"A delivery with no broker cannot be re-queued: {outcome.reason}.")
+    if isinstance(outcome, Completed) and outcome.unstorable is not None:
+        raise UnstorableResult(f"{label} is done and will not run again, but: {outcome.unstorable}")
     return outcome.value
 
 

@@ -19,11 +19,11 @@ from celery.worker.request import Request
 from django_idempotent_tasks import canvas, compat, idempotency, outbox, purging, spec, store, values
 from django_idempotent_tasks.conf import conf, conflict_countdown
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import TaskInProgress, UnstorableResult
+from django_idempotent_tasks.exceptions import TaskInProgress
 from django_idempotent_tasks.idempotency import Idempotency
 from django_idempotent_tasks.options import TaskOptions, bind_task, task_options
 from django_idempotent_tasks.outcomes import HANDED_ON as HANDED_ON  # still importable from here
-from django_idempotent_tasks.outcomes import Busy, Completed, Outcome, Requeue
+from django_idempotent_tasks.outcomes import Busy, Outcome, Requeue
 from django_idempotent_tasks.spec import KEY_ARGUMENT, Spec
 
 if TYPE_CHECKING:
@@ -221,14 +221,11 @@ class IdempotentTask(Base):
             raise TaskInProgress(outcome.message)
         if call.handed_on is not None:
             raise call.handed_on
-        if isinstance(outcome, Completed) and outcome.unstorable is not None and delivery.no_broker:
-            # A worker logs it; a caller that ran it in-process hears of it (the key is done).
-            raise UnstorableResult(
-                f"{delivery.label} is done and will not run again, but: {outcome.unstorable}"
-            )
         if outcome.value == HANDED_ON:
             raise Ignore()  # a replay of a body that replaced itself or raised Ignore
-        return outcome.value
+        if delivery.no_broker:  # a caller that ran it in-process: as a plain function's call
+            return spec.value_of(outcome, delivery.label)
+        return outcome.value  # a worker logged an unstorable result already
 
     def _run_body(self, call: _Call, args: Sequence[Any], kwargs: dict[str, Any], _: Idempotency) -> Any:
         try:

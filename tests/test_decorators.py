@@ -27,6 +27,7 @@ from django_idempotent_tasks.exceptions import (
     LeaseLost,
     MissingIdempotencyKey,
     TaskInProgress,
+    UnstorableResult,
 )
 from django_idempotent_tasks.idempotency import current
 from django_idempotent_tasks.models import IdempotencyRecord
@@ -120,9 +121,11 @@ def test_failures_are_recorded_and_exhaust_max_attempts(received: list[str]) -> 
     assert received.count("task_failed") == 2
 
 
-def test_an_unstorable_result_still_marks_the_key_done() -> None:
-    assert functions.unstorable(1, idempotency_key="u") is None
-    assert functions.unstorable(1, idempotency_key="u") is None
+def test_an_unstorable_result_still_marks_the_key_done_and_the_caller_hears_of_it() -> None:
+    # As an eager task's call does (docs/reference/options.md): the key is done, the value is lost.
+    with pytest.raises(UnstorableResult, match="is done and will not run again"):
+        functions.unstorable(1, idempotency_key="u")
+    assert functions.unstorable(1, idempotency_key="u") is None  # the replay of the stored null
     assert Effect.objects.count() == 1
     record = IdempotencyRecord.objects.get()
     assert (record.status, (record.error or {})["type"]) == ("SUCCEEDED", "UnstorableResult")
