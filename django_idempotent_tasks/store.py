@@ -701,6 +701,13 @@ def insert_pending(
     return True
 
 
+def fail_pending(scope: str, key: str, task_id: str, error: dict[str, str]) -> bool:
+    """Mark FAILED the PENDING record whose message ``task_id`` a worker discarded unrun (revoked or
+    expired); False if the key has moved on (claimed, sent again under another id)."""
+    pending = records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING)
+    return _mark_failed(pending, error)  # no attempt to end: none began
+
+
 def withdraw_pending(scope: str, key: str, task_id: str) -> None:
     """Delete the PENDING record a call wrote under ``task_id``, if it is still that record."""
     records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING).delete()

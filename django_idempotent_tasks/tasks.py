@@ -13,13 +13,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 from celery import shared_task
 from celery.contrib.django.task import DjangoTask
 from celery.exceptions import Ignore, TimeLimitExceeded
+from celery.signals import task_revoked
 from celery.utils import uuid
 from celery.worker.request import Request
 
 from django_idempotent_tasks import canvas, compat, idempotency, outbox, purging, spec, store, values
 from django_idempotent_tasks.conf import conf, conflict_countdown
 from django_idempotent_tasks.delivery import Delivery, deliver
-from django_idempotent_tasks.exceptions import TaskInProgress
+from django_idempotent_tasks.exceptions import IdempotencyError, TaskInProgress
 from django_idempotent_tasks.idempotency import Idempotency
 from django_idempotent_tasks.options import TaskOptions, bind_task, task_options
 from django_idempotent_tasks.outcomes import HANDED_ON as HANDED_ON  # still importable from here
@@ -259,6 +260,24 @@ class IdempotentTask(Base):
                 values.describe_error(exc),
                 worker,
             )
+
+
+@task_revoked.connect(dispatch_uid="django_idempotent_tasks.discarded")
+def fail_discarded_message(
+    sender: Any = None, request: Any = None, terminated: bool = False, expired: bool = False, **extra: Any
+) -> None:
+    """A message the worker discarded unrun (revoked, or past its ``expires``) ends its PENDING
+    record FAILED: no re-drive sends it again (a revoked call stays cancelled), and the next call
+    under its key runs it anew. A running delivery that was terminated keeps its own ending."""
+    if not isinstance(sender, IdempotentTask) or request is None or terminated:
+        return
+    try:
+        key = sender.resolve_key(request.args or (), request.kwargs or {})
+    except IdempotencyError:
+        return  # a message whose key is missing or bad never had a record
+    reason = "Expired" if expired else "Revoked"
+    message = f"The message {request.id} was {reason.lower()} before a worker ran it; the body did not run."
+    store.fail_pending(sender.idempotency_options.scope, key, request.id, values.error_shape(reason, message))
 
 
 @shared_task(name="django_idempotent_tasks.purge_expired_records", ignore_result=True)

@@ -278,3 +278,29 @@ def test_a_chain_run_again_after_its_first_key_succeeded_runs_its_second_step(wo
     finished("obw-rerun-2")  # the first step replayed at its worker, which sent the second
     wait_for(lambda: replays("obw-rerun-1") == 1, what="the first step to replay")
     assert (calls("obw-rerun-1"), calls("obw-rerun-2")) == (1, 1)
+
+
+def test_a_message_that_expired_before_a_worker_took_it_fails_its_key(worker: Worker) -> None:
+    outbox_effect.apply_async((1,), {"idempotency_key": "obw-expired"}, queue=QUEUE, expires=1)
+    time.sleep(1.5)
+    worker.start()  # discards the expired message unrun
+    record = finished("obw-expired", status=Status.FAILED)
+    assert (record.error or {}).get("type") == "Expired"
+    assert redrive() == "No records to send again.\n"  # it was never sent again with its dead expiry
+    again = outbox_effect.apply_async((1,), {"idempotency_key": "obw-expired"}, queue=QUEUE)
+    finished("obw-expired")  # a new call under the key runs it
+    assert (calls("obw-expired"), IdempotencyRecord.objects.get(key="obw-expired").task_id) == (1, again.id)
+
+
+def test_a_revoked_message_stays_cancelled_after_a_redrive(worker: Worker) -> None:
+    from tests.celery_app import app
+
+    worker.start()
+    result = outbox_effect.apply_async((1,), {"idempotency_key": "obw-revoked"}, queue=QUEUE, countdown=3)
+    wait_for(lambda: not broker().llen(QUEUE), what="the worker to hold the message until its ETA")
+    app.control.revoke(result.id)
+    record = finished("obw-revoked", status=Status.FAILED)
+    assert (record.error or {}).get("type") == "Revoked"
+    assert redrive() == "No records to send again.\n"
+    time.sleep(1)
+    assert calls("obw-revoked") == 0
