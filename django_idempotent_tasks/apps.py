@@ -26,6 +26,7 @@ class IdempotentTasksConfig(AppConfig):
         register(checks.check_key_collation, tag, Tags.database)
         register(celery_checks.check_purge_scheduled, tag, deploy=True)
         register(celery_checks.check_redrive_scheduled, tag, deploy=True)
+        register(celery_checks.check_outbox_database, tag, deploy=True)
         register(celery_checks.check_db_reuse, tag, deploy=True)
         register(checks.check_records_table, tag, deploy=True)
         register(checks.check_replication, tag, Tags.database, deploy=True)

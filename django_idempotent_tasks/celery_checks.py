@@ -7,11 +7,12 @@ from urllib.parse import parse_qs, urlsplit
 
 from django.apps import apps as django_apps
 from django.core import checks
-from django.db import DatabaseError
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, router
 from django.utils.module_loading import autodiscover_modules
 
 from django_idempotent_tasks import compat, options
 from django_idempotent_tasks.checks import PREFIX, lock_cache
+from django_idempotent_tasks.models import IdempotencyRecord
 
 PICKLE = {"pickle", "application/x-python-serialize"}
 REDIS_SCHEMES = {"redis", "rediss", "unix", "redis+socket"}
@@ -237,8 +238,7 @@ def check_redrive_scheduled(app_configs: Any = None, **kwargs: Any) -> list[chec
     app = find_app()
     if app is None:
         return []
-    autodiscover_modules("tasks")
-    outbox_tasks = [task.name for task in idempotent_tasks(app) if task.idempotency_options.effective_outbox]
+    outbox_tasks = outbox_task_names(app)
     if not outbox_tasks:
         return []
     scheduled = {entry.get("task") for entry in (app.conf.beat_schedule or {}).values()}
@@ -253,6 +253,36 @@ def check_redrive_scheduled(app_configs: Any = None, **kwargs: Any) -> list[chec
             "few minutes, or a periodic task in django-celery-beat, or run redrive_idempotency_records "
             f"from cron and silence {PREFIX}.W012.",
             id=f"{PREFIX}.W012",
+        )
+    ]
+
+
+def outbox_task_names(app: Any) -> list[str]:
+    """The names of the app's idempotent tasks that use the outbox."""
+    autodiscover_modules("tasks")
+    return [task.name for task in idempotent_tasks(app) if task.idempotency_options.effective_outbox]
+
+
+def check_outbox_database(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W013 (deploy): outbox tasks write their PENDING records to another database than the default one,
+    where the callers' transactions usually are: the record cannot commit or roll back with them."""
+    app = find_app()
+    alias = router.db_for_write(IdempotencyRecord)
+    if app is None or alias == DEFAULT_DB_ALIAS:
+        return []
+    outbox_tasks = outbox_task_names(app)
+    if not outbox_tasks:
+        return []
+    return [
+        checks.Warning(
+            f"{len(outbox_tasks)} task(s) use the outbox ({', '.join(outbox_tasks[:3])}"
+            f"{', …' if len(outbox_tasks) > 3 else ''}), and your routers write the idempotency "
+            f"records to the database {alias!r}: a call made in a transaction on {DEFAULT_DB_ALIAS!r} "
+            "writes its PENDING record (and publishes) whether that transaction commits or rolls back.",
+            hint="Write the records to the database of your callers' transactions (route the "
+            "django_idempotent_tasks app there), or silence this if your callers' transactions are on "
+            f"{alias!r}.",
+            id=f"{PREFIX}.W013",
         )
     ]
 

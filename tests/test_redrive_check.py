@@ -11,7 +11,12 @@ from celery import Celery, _state
 from django.conf import settings
 from django.core import checks
 
-from django_idempotent_tasks.celery_checks import REDRIVE_TASK, check_redrive_scheduled, idempotent_tasks
+from django_idempotent_tasks.celery_checks import (
+    REDRIVE_TASK,
+    check_outbox_database,
+    check_redrive_scheduled,
+    idempotent_tasks,
+)
 from django_idempotent_tasks.checks import TAG
 from django_idempotent_tasks.tasks import IdempotentTask
 
@@ -76,3 +81,25 @@ def test_the_setting_turns_every_task_into_an_outbox_task(
     app = make_app(outbox=None)
     [warning] = check_redrive_scheduled()
     assert f", and {len(idempotent_tasks(app))} task(s) use the outbox" in warning.msg  # every one
+
+
+class RecordsElsewhere:
+    """Writes the idempotency records to the "replica" alias, everything else to the default."""
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return "replica" if model._meta.app_label == "django_idempotent_tasks" else None
+
+
+@pytest.mark.django_db(databases=["default", "replica"])  # the deploy checks read the records' database
+def test_outbox_records_routed_off_the_default_database_warn(
+    make_app: Callable[..., Celery], settings: Any
+) -> None:
+    make_app(outbox=True)
+    assert check_outbox_database() == []  # the records on the default database: no warning
+    settings.DATABASE_ROUTERS = [f"{__name__}.RecordsElsewhere"]
+    [warning] = check_outbox_database()
+    assert warning.id == "django_idempotent_tasks.W013"
+    assert "write the idempotency records to the database 'replica'" in warning.msg
+    assert "whether that transaction commits or rolls back" in warning.msg
+    deploy = [message.id for message in checks.run_checks(tags=[TAG], include_deployment_checks=True)]
+    assert "django_idempotent_tasks.W013" in deploy
