@@ -36,7 +36,8 @@ class UnstorableResult(IdempotencyError):
 
 
 class OutboxError(IdempotencyError, ValueError):
-    """A record cannot be sent or run again: it holds no message, or it is in another status."""
+    """A call's arguments cannot be stored in its outbox record, or a record cannot be sent or run
+    again (it holds no message, or it is in another status)."""
 
 
 class IdempotencyConfigurationError(IdempotencyError, ImproperlyConfigured):

@@ -8,6 +8,7 @@ import datetime
 import functools
 import json
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from django.utils.dateparse import parse_datetime
 from kombu.exceptions import OperationalError as BrokerError
 from kombu.utils import json as kombu_json
 
-from django_idempotent_tasks import compat, keys, store
+from django_idempotent_tasks import compat, keys, store, values
 from django_idempotent_tasks.exceptions import (
     AttemptsExhausted,
     IdempotencyError,
@@ -148,12 +149,24 @@ def message(
     return {
         "task": task_name,
         "id": task_id,
-        "call": json.loads(kombu_json.dumps(call)),
+        "call": storable_call(task_name, json.loads(kombu_json.dumps(call))),
         "options": sending,
         "eta": eta,
         "expires": expires,
         "sent_at": now.isoformat(),
     }
+
+
+def storable_call(task_name: str, call: dict[str, Any]) -> dict[str, Any]:
+    """``call`` (its JSON form), or an OutboxError when its record's JSON column cannot hold it: a
+    NaN or an infinity, a NUL, a lone surrogate, nesting deeper than MariaDB stores."""
+    _, problem = values.encode_result(call, sys.maxsize, store.json_depth_limit(inside=1), what="The call")
+    if problem is not None:
+        raise OutboxError(
+            f"{task_name} cannot go through the outbox, which stores each call in its record: "
+            f"{problem} Nothing was written or sent."
+        )
+    return call
 
 
 def _decoded(stored: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any], dict[str, Any]]:

@@ -86,41 +86,44 @@ _RESULT_JSON = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), allow_na
 _UNICODE_JSON = json.JSONEncoder(ensure_ascii=False)
 
 
-def encode_result(value: Any, max_bytes: int, max_depth: int | None = None) -> tuple[Any, str | None]:
+def encode_result(
+    value: Any, max_bytes: int, max_depth: int | None = None, what: str = "The result"
+) -> tuple[Any, str | None]:
     """The JSON form stored for ``value``, or (None, why it cannot be stored on every database).
 
-    ``max_depth``: the deepest nesting the column accepts (MariaDB refuses 32 levels or more).
+    ``max_depth``: the deepest nesting the column accepts (MariaDB refuses 32 levels or more);
+    ``what``: how the reasons name the value.
     """
     if value is None:  # most bodies return nothing: stored as NULL, nothing to encode or check
         return None, None
     try:
         text = _RESULT_JSON.encode(value)
     except (TypeError, ValueError) as exc:
-        return None, f"The result is not JSON serializable: {error_message(exc)}"
+        return None, f"{what} is not JSON serializable: {error_message(exc)}"
     except RecursionError:
-        return None, "The result is nested too deeply for the JSON encoder (RecursionError)."
+        return None, f"{what} is nested too deeply for the JSON encoder (RecursionError)."
     except Exception as exc:  # an encoder hook (a __str__, a default()) that failed: still unstorable
-        return None, f"The result could not be encoded as JSON: {error_repr(exc)}"
+        return None, f"{what} could not be encoded as JSON: {error_repr(exc)}"
     if "\\u0000" in text and _JSON_NUL.search(text):
-        return None, "The result contains a NUL character (\\u0000), which PostgreSQL's jsonb refuses."
+        return None, f"{what} contains a NUL character (\\u0000), which PostgreSQL's jsonb refuses."
     if len(text.encode()) > max_bytes:
         return None, (
-            f"The result is {len(text.encode())} bytes of JSON, over "
+            f"{what} is {len(text.encode())} bytes of JSON, over "
             f"IDEMPOTENT_TASKS_MAX_RESULT_BYTES ({max_bytes})."
         )
     # Counting brackets first keeps the scan off every ordinary result.
     if max_depth is not None and text.count("[") + text.count("{") > max_depth:
         depth = json_depth(text)
         if depth > max_depth:
-            return None, f"The result is nested {depth} levels deep; the database stores at most {max_depth}."
+            return None, f"{what} is nested {depth} levels deep; the database stores at most {max_depth}."
     try:
         stored = json.loads(text)
     except RecursionError:
-        return None, "The result is nested too deeply for the JSON decoder (RecursionError)."
+        return None, f"{what} is nested too deeply for the JSON decoder (RecursionError)."
     if not _may_hold_surrogates(text):
         return stored, None
     try:
         _UNICODE_JSON.encode(stored).encode("utf-8")
     except UnicodeEncodeError:
-        return None, "The result contains a lone surrogate, which is not UTF-8 and which databases refuse."
+        return None, f"{what} contains a lone surrogate, which is not UTF-8 and which databases refuse."
     return stored, None

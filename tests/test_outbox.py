@@ -210,6 +210,27 @@ def test_a_call_refused_at_publish_leaves_no_record_for_the_redrive(in_transacti
     assert IdempotencyRecord.objects.get(key="ob-refused").status == Status.PENDING
 
 
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (float("nan"), "not JSON serializable"),
+        (float("inf"), "not JSON serializable"),
+        ("abc\x00def", "NUL character"),
+        ("abc\udc80def", "lone surrogate"),
+    ],
+    ids=["nan", "infinity", "nul", "surrogate"],
+)
+def test_arguments_the_record_cannot_hold_are_refused_at_the_call(value: Any, reason: str) -> None:
+    # Plain Celery sends them; the outbox stores every call in its record's JSON column, which
+    # refuses them on some database (a raw DataError, or a "record kept changing" before).
+    with pytest.raises(
+        OutboxError, match=f"cannot go through the outbox.*{reason}.*Nothing was written or sent"
+    ):
+        outbox_effect.delay(value, idempotency_key="ob-unstorable-arguments")
+    assert not IdempotencyRecord.objects.exists()
+    assert queued() == []
+
+
 def test_a_replay_without_a_canvas_still_publishes_nothing() -> None:
     run_task(outbox_effect, 1, key="ob-plain-done")
     assert isinstance(outbox_effect.si(1, idempotency_key="ob-plain-done").apply_async(), ReplayedResult)
