@@ -141,7 +141,7 @@ def message(
     """
     now = _utc_now()
     sending = {name: _name(options[name]) for name in ROUTING if options.get(name) is not None}
-    when = "eta" if options.get("eta") is not None else "countdown"
+    when = "countdown" if options.get("countdown") else "eta"  # as Celery: a countdown wins
     eta = _absolute(when, options.get(when), now)
     expires = _absolute("expires", options.get("expires"), now)
     canvas = {name: options[name] for name in CANVAS if options.get(name) is not None}

@@ -398,6 +398,17 @@ def test_an_eta_given_naive_or_as_text_is_stored_as_the_instant_celery_reads(set
         assert worker_reads(stored(key)["eta"]) == instant  # and the one a re-drive would send
 
 
+def test_a_countdown_given_with_an_eta_wins_as_in_celery() -> None:
+    outbox_effect.apply_async(
+        (1,), {"idempotency_key": "ob-both"}, eta=datetime(2031, 5, 6, tzinfo=dt_timezone.utc), countdown=60
+    )
+    (message,) = queued()
+    published = worker_reads(message["headers"]["eta"])
+    assert published < datetime(2031, 1, 1, tzinfo=dt_timezone.utc)  # Celery took the countdown
+    stored_eta = worker_reads(stored("ob-both")["eta"])
+    assert abs((stored_eta - published).total_seconds()) < 2  # and so does the re-drive's message
+
+
 def worker_reads(eta: str) -> datetime:
     """The instant a Celery worker reads from a message's ETA (celery.worker.request)."""
     parsed = maybe_iso8601(eta)
