@@ -310,7 +310,7 @@ def call_body(body: Body, idempotency: Idempotency, progress: Progress) -> Any:
 def finish(delivery: Delivery, lease: Lease, value: Any) -> Completed:
     """Fenced completion; raises LeaseLost (rolling back an atomic body) if the fence moved on."""
     claim = lease.claim
-    stored, problem = values.encode_result(value, delivery.max_result_bytes)
+    stored, problem = values.encode_result(value, delivery.max_result_bytes, jsonb=store.stores_jsonb())
     if problem is None:
         try:
             lease.completing = True

@@ -102,7 +102,9 @@ class Idempotency:
         self.ensure_lease(f"The checkpoint of step {name!r}")
         # The steps column holds {name: value}: the value nests one level below the column's limit.
         depth = store.json_depth_limit(inside=1)
-        stored, problem = values.encode_result(value, self.max_result_bytes, depth)
+        stored, problem = values.encode_result(
+            value, self.max_result_bytes, depth, jsonb=store.stores_jsonb()
+        )
         if problem is not None:
             raise UnstorableValue(f"Step {name!r} cannot be checkpointed. {problem}")
         steps = {**self.steps, name: stored}

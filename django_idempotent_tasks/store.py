@@ -117,6 +117,11 @@ def refused_by_server(exc: BaseException) -> bool:
     return isinstance(code, int) and not any(code in codes for codes in _MYSQL_LOST)
 
 
+def stores_jsonb() -> bool:
+    """The records' JSON columns are PostgreSQL's jsonb, which reads numbers back as numerics."""
+    return bool(connections[database()].vendor == "postgresql")
+
+
 def json_depth_limit(inside: int = 0) -> int | None:
     """The deepest nesting a value may have ``inside`` levels down a JSON column, or None: no limit.
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import decimal
 import json
 import re
 import traceback
@@ -86,13 +87,23 @@ _RESULT_JSON = DjangoJSONEncoder(sort_keys=True, separators=(",", ":"), allow_na
 _UNICODE_JSON = json.JSONEncoder(ensure_ascii=False)
 
 
+def jsonb_number(text: str) -> float | int:
+    """A JSON float as PostgreSQL's jsonb gives it back: a numeric, written without an exponent
+    (``1e+16`` is the integer 10000000000000000) and without a negative zero."""
+    if "e+" in text or "E+" in text:  # Python writes a float from 1e16 up so, always integral
+        return int(decimal.Decimal(text))
+    number = float(text)
+    return 0.0 if number == 0 else number
+
+
 def encode_result(
-    value: Any, max_bytes: int, max_depth: int | None = None, what: str = "The result"
+    value: Any, max_bytes: int, max_depth: int | None = None, what: str = "The result", jsonb: bool = False
 ) -> tuple[Any, str | None]:
     """The JSON form stored for ``value``, or (None, why it cannot be stored on every database).
 
     ``max_depth``: the deepest nesting the column accepts (MariaDB refuses 32 levels or more);
-    ``what``: how the reasons name the value.
+    ``what``: how the reasons name the value; ``jsonb``: the form is what PostgreSQL's jsonb reads
+    back (its numbers), so that a first execution returns what its replays will.
     """
     if value is None:  # most bodies return nothing: stored as NULL, nothing to encode or check
         return None, None
@@ -117,7 +128,7 @@ def encode_result(
         if depth > max_depth:
             return None, f"{what} is nested {depth} levels deep; the database stores at most {max_depth}."
     try:
-        stored = json.loads(text)
+        stored = json.loads(text, parse_float=jsonb_number if jsonb else None)
     except RecursionError:
         return None, f"{what} is nested too deeply for the JSON decoder (RecursionError)."
     if not _may_hold_surrogates(text):

@@ -201,3 +201,50 @@ def test_an_unbound_task_reading_a_global_self_is_still_refused() -> None:
         @unbound_task("global_self")
         def global_self(value: str) -> Any:
             return SimpleNamespace(self=value).self, self.idempotency.key  # type: ignore[name-defined]  # noqa: F821
+
+
+# Numbers PostgreSQL's jsonb reads back otherwise than Python wrote them (a numeric, no exponent, no
+# negative zero). MariaDB and SQLite keep the JSON text as written.
+NUMBERS = {
+    "1e16": 1e16,
+    "2.5e300": 2.5e300,
+    "negative zero": -0.0,
+    "1e-7": 1e-7,
+    "nested": {"b": [1e20, 1.5]},
+}
+
+
+@shared_task(base=IdempotentTask, bind=True, name="tests.worker_faults.returns_number")
+def returns_number(self: Any, name: str) -> Any:
+    return NUMBERS[name]
+
+
+STEP_VALUES: list[str] = []  # what the body's step returned, attempt by attempt
+
+
+@shared_task(base=IdempotentTask, bind=True, name="tests.worker_faults.stepped_number")
+def stepped_number(self: Any, name: str) -> Any:
+    value = self.idempotency.step("measure", lambda: NUMBERS[name])
+    STEP_VALUES.append(repr(value))
+    if self.idempotency.attempt == 1:
+        raise RuntimeError("after the step")
+    return value
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("name", list(NUMBERS))
+def test_a_first_execution_returns_what_its_replays_return(name: str) -> None:
+    # A workflow feeds a result into its next call: a first run that returned 1e16 and a replay
+    # that returns 10000000000000000 fingerprint that call differently (IdempotencyKeyMismatch).
+    first = run_task(returns_number, name, key=f"number-{name}")
+    again = run_task(returns_number, name, key=f"number-{name}")
+    assert repr(first) == repr(again)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_step_reads_back_what_it_returned_the_first_time() -> None:
+    STEP_VALUES.clear()
+    with pytest.raises(RuntimeError, match="after the step"):
+        run_task(stepped_number, "1e16", key="stepped-number")
+    run_task(stepped_number, "1e16", key="stepped-number")  # the step's checkpoint, read back
+    assert len(STEP_VALUES) == 2 and STEP_VALUES[0] == STEP_VALUES[1]
