@@ -14,6 +14,7 @@ from datetime import timezone as dt_timezone
 from typing import Any
 
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from django_idempotent_tasks.models import IdempotencyRecord
 
@@ -182,3 +183,16 @@ def _shop(key: str, status: str) -> dict[str, Any]:
         }
         values.update(scope=EMAIL, task_name=EMAIL, result=None, error=error)
     return values
+
+
+def age(key: str, seconds: int) -> None:
+    """Make the record of ``key`` and its outbox message ``seconds`` older (for the re-drive)."""
+    record = IdempotencyRecord.objects.get(key=key)
+    message = dict(record.message or {})
+    for name in ("sent_at", "eta"):
+        at = parse_datetime(message.get(name) or "")
+        if at is not None:
+            message[name] = (at - timedelta(seconds=seconds)).isoformat()
+    IdempotencyRecord.objects.filter(pk=record.pk).update(
+        created_at=record.created_at - timedelta(seconds=seconds), message=message
+    )

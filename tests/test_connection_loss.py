@@ -6,6 +6,8 @@ has no server connection to cut.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import connection
 
@@ -32,26 +34,25 @@ def test_a_body_that_outlives_its_connection_completes_once(running_workers: lis
     assert calls("p7") == 1
 
 
-def test_the_bodys_own_operational_error_follows_its_retry_policy(running_workers: list[Worker]) -> None:
-    result = tasks.deadlocks.delay(idempotency_key="deadlock")
+@pytest.mark.parametrize(
+    "task",
+    [
+        tasks.deadlocks,
+        # The body closed its connection and opened another (close_old_connections in a long task):
+        # the server's refusal on the new one is still its own error.
+        tasks.times_out_after_reconnecting,
+    ],
+    ids=["deadlock", "timeout after reconnecting"],
+)
+def test_the_bodys_own_operational_error_follows_its_retry_policy(
+    running_workers: list[Worker], task: Any
+) -> None:
+    key = f"own-{task.__name__}"
+    result = task.delay(idempotency_key=key)
     result.get(timeout=SETTLE_TIMEOUT, propagate=False)
     # One run and the one autoretry of max_retries=1, then the task fails with the body's error:
-    # never re-queued as if its connection had died.
+    # never re-queued as if its connection had died (which ran the body again after each lease).
     assert (result.state, type(result.result).__name__) == ("FAILURE", "OperationalError")
-    record = settled("deadlock")
+    record = settled(key)
     assert (record.status, record.attempts, error_of(record)["type"]) == ("FAILED", 2, "OperationalError")
-    assert calls("deadlock") == 2
-
-
-def test_the_bodys_own_timeout_after_it_reconnected_follows_its_retry_policy(
-    running_workers: list[Worker],
-) -> None:
-    # The body closed its connection and opened another (close_old_connections in a long task):
-    # the server's refusal on the new one is still the body's own error, never a lost connection
-    # that would re-queue the delivery and run the body again after each lease.
-    result = tasks.times_out_after_reconnecting.delay(idempotency_key="own-timeout")
-    result.get(timeout=SETTLE_TIMEOUT, propagate=False)
-    assert (result.state, type(result.result).__name__) == ("FAILURE", "OperationalError")
-    record = settled("own-timeout")
-    assert (record.status, record.attempts, error_of(record)["type"]) == ("FAILED", 2, "OperationalError")
-    assert calls("own-timeout") == 2
+    assert calls(key) == 2

@@ -34,6 +34,7 @@ from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.outbox import ReplayedResult
 from django_idempotent_tasks.tasks import IdempotentTask, purge_expired_records, redrive_pending_records
 from tests import brokers
+from tests.records import age
 from tests.running import run_command, run_task
 from tests.testapp.tasks import outbox_effect, outbox_failing, record_effect
 
@@ -414,19 +415,6 @@ def worker_reads(eta: str) -> datetime:
     parsed = maybe_iso8601(eta)
     assert parsed is not None
     return maybe_make_aware(parsed)
-
-
-def age(key: str, seconds: int) -> None:
-    """Make the record of ``key`` and its message ``seconds`` older."""
-    record = IdempotencyRecord.objects.get(key=key)
-    message = dict(record.message or {})
-    for name in ("sent_at", "eta"):
-        at = parse_datetime(message.get(name) or "")
-        if at is not None:
-            message[name] = (at - timedelta(seconds=seconds)).isoformat()
-    IdempotencyRecord.objects.filter(pk=record.pk).update(
-        created_at=record.created_at - timedelta(seconds=seconds), message=message
-    )
 
 
 def test_the_redrive_command_sends_records_older_than_the_setting(settings: Any) -> None:

@@ -21,6 +21,7 @@ from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.outbox import ReplayedResult
 from django_idempotent_tasks.tasks import HANDED_ON, redrive_pending_records
 from tests import brokers
+from tests.records import age
 from tests.running import run_command
 from tests.test_admin import detail, login
 from tests.testapp.tasks import outbox_effect
@@ -36,19 +37,6 @@ def queued() -> list[dict[str, Any]]:
 
 def queued_ids() -> list[str]:
     return [message["headers"]["id"] for message in queued()]
-
-
-def age(key: str, seconds: int) -> None:
-    """Make the record of ``key`` and its message ``seconds`` older."""
-    record = IdempotencyRecord.objects.get(key=key)
-    message = dict(record.message or {})
-    for name in ("sent_at", "eta"):
-        at = parse_datetime(message.get(name) or "")
-        if at is not None:
-            message[name] = (at - timedelta(seconds=seconds)).isoformat()
-    IdempotencyRecord.objects.filter(pk=record.pk).update(
-        created_at=record.created_at - timedelta(seconds=seconds), message=message
-    )
 
 
 @pytest.fixture(autouse=True)

@@ -233,28 +233,23 @@ def outlives_its_connection(self: Any, sleep: float) -> dict[str, Any]:
     return {"fence": self.idempotency.fence}
 
 
-@shared_task(
-    base=IdempotentTask,
-    bind=True,
-    autoretry_for=(OperationalError,),
-    max_retries=1,
-    default_retry_delay=0,
-    max_attempts=10,
-)
+#: One autoretry of the body's own OperationalError (tests/test_connection_loss.py).
+RETRIES_ITS_OWN_ERROR: dict[str, Any] = {
+    "autoretry_for": (OperationalError,),
+    "max_retries": 1,
+    "default_retry_delay": 0,
+    "max_attempts": 10,
+}
+
+
+@shared_task(base=IdempotentTask, bind=True, **RETRIES_ITS_OWN_ERROR)
 def deadlocks(self: Any) -> None:
     """tests/test_connection_loss.py: the body's own OperationalError, on a healthy connection."""
     control().incr(f"calls:{self.idempotency.key}")
     raise OperationalError("deadlock detected")
 
 
-@shared_task(
-    base=IdempotentTask,
-    bind=True,
-    autoretry_for=(OperationalError,),
-    max_retries=1,
-    default_retry_delay=0,
-    max_attempts=10,
-)
+@shared_task(base=IdempotentTask, bind=True, **RETRIES_ITS_OWN_ERROR)
 def times_out_after_reconnecting(self: Any) -> None:
     """tests/test_connection_loss.py: a long task refreshes its connection, then the server cancels
     its statement (a statement timeout): the body's own OperationalError, on a new connection."""
