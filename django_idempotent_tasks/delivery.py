@@ -136,9 +136,7 @@ def connection_lost(
 
 def attempt(delivery: Delivery, body: Body, progress: Progress) -> Replayed | Completed:
     """One pass of the lifecycle; raises Held when another delivery holds the key."""
-    # As last committed, even inside a caller's repeatable-read transaction on MySQL, whose snapshot
-    # would hide a record committed since: a replay would wait as if the key were held.
-    record = store.lookup_latest(delivery.scope, delivery.key)
+    record = store.lookup(delivery.scope, delivery.key)
     if record is not None:
         replayed = settled(delivery, record)
         if replayed is not None:

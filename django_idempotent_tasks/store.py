@@ -729,7 +729,7 @@ def abandoned(record: Snapshot) -> bool:
 def lookup_latest(scope: str, key: str) -> Snapshot | None:
     """The record as last committed, even inside a caller's transaction on MySQL (whose repeatable
     read would show the snapshot taken before a concurrent INSERT committed)."""
-    if connections[database()].vendor == "mysql" and in_transaction():
+    if in_transaction() and connections[database()].vendor == "mysql":
         return records().select_for_update().filter(scope=scope, key=key).first()  # type: ignore[no-any-return]
     return lookup(scope, key)
 

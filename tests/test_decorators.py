@@ -389,29 +389,3 @@ def test_a_redeploy_adding_a_defaulted_parameter_keeps_the_fingerprint() -> None
     assert list(Effect.objects.values_list("task", flat=True)) == ["v1"]
     with pytest.raises(IdempotencyKeyMismatch):
         after(7, currency="USD", idempotency_key="deploy-7")
-
-
-@pytest.mark.skipif(connection.vendor != "mysql", reason="MySQL's repeatable read snapshot")
-def test_a_replay_inside_a_repeatable_read_transaction_sees_the_committed_key() -> None:
-    # A double submit: the second request's transaction read before the first one's call committed
-    # the key. Its snapshot must not hide the record (the call waited lock_ttl, then TaskInProgress).
-    with connection.cursor() as cursor:
-        cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-    try:
-        with transaction.atomic():
-            IdempotencyRecord.objects.count()  # the snapshot is taken here
-
-            def first_request() -> None:
-                try:
-                    functions.short_lease(1, idempotency_key="double-submit")
-                finally:
-                    connections.close_all()
-
-            thread = threading.Thread(target=first_request)
-            thread.start()
-            thread.join()
-            assert functions.short_lease(1, idempotency_key="double-submit")["fence"] == 1  # replayed
-        assert calls("double-submit") == 1
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
