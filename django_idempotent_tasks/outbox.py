@@ -21,6 +21,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from kombu.exceptions import OperationalError as BrokerError
+from kombu.exceptions import SerializationError, SerializerNotInstalled
 from kombu.utils import json as kombu_json
 
 from django_idempotent_tasks import compat, keys, store, values
@@ -219,12 +220,18 @@ def _send_or_warn(send: Callable[[], Any], label: str, withdraw: Callable[[], An
             exc,
             extra={"idempotency_outcome": "publish_failed"},
         )
-    except Exception:
-        # Refused for the call itself (an unknown serializer, bad headers): the caller is told the
-        # call failed, so no re-drive may send it later.
+    except REFUSED_CALL:
+        # Refused for the call itself (an unknown serializer, arguments it cannot encode, bad
+        # options): the caller is told the call failed, so no re-drive may send it later. Any other
+        # error (a result backend's outage) keeps the record PENDING, for the re-drive.
         if withdraw is not None:
             withdraw()
         raise
+
+
+#: What a publish raises for the call itself, never for a service that failed: serializing it,
+#: its options (``headers="oops"``: ValueError), its arguments against the task (TypeError).
+REFUSED_CALL = (SerializationError, SerializerNotInstalled, TypeError, ValueError)
 
 
 def _after_commit(send: Callable[[], Any], label: str, withdraw: Callable[[], Any] | None = None) -> None:

@@ -232,6 +232,21 @@ def test_arguments_the_record_cannot_hold_are_refused_at_the_call(value: Any, re
     assert queued() == []
 
 
+def test_a_publish_that_failed_for_a_service_keeps_the_record_after_the_callers_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # With a RabbitMQ broker and a Redis result backend, send_task subscribes to the result first:
+    # a Redis outage raises redis' ConnectionError (no broker error). The caller committed its
+    # decision, so the PENDING record is the work's only trace: the re-drive sends it.
+    def backend_down(*args: Any, **kwargs: Any) -> None:
+        raise redis.exceptions.ConnectionError("Error 111 connecting to the result backend.")
+
+    monkeypatch.setattr(outbox_effect.app, "send_task", backend_down)
+    with pytest.raises(redis.exceptions.ConnectionError), transaction.atomic():
+        outbox_effect.apply_async((1,), {"idempotency_key": "ob-backend-down"})
+    assert IdempotencyRecord.objects.get(key="ob-backend-down").status == Status.PENDING
+
+
 def test_a_replay_without_a_canvas_still_publishes_nothing() -> None:
     run_task(outbox_effect, 1, key="ob-plain-done")
     assert isinstance(outbox_effect.si(1, idempotency_key="ob-plain-done").apply_async(), ReplayedResult)
