@@ -110,7 +110,8 @@ def refused_by_server(exc: BaseException) -> bool:
     """``exc`` is the database server's answer to a statement (a timeout, a deadlock, a lock wait),
     not a broken connection: the server was there to refuse it."""
     cause = exc.__cause__
-    sqlstate = getattr(cause, "sqlstate", None)  # psycopg: the server's SQLSTATE, None client-side
+    # The server's SQLSTATE, None client-side: psycopg 3's sqlstate, psycopg2's pgcode.
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)
     if isinstance(sqlstate, str):
         return not sqlstate.startswith(("08", "57P"))  # connection exceptions, the server shutting down
     code = next(iter(getattr(cause, "args", ())), None)  # mysqlclient: (code, message)

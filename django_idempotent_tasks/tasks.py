@@ -264,12 +264,13 @@ class IdempotentTask(Base):
 
 @task_revoked.connect(dispatch_uid="django_idempotent_tasks.discarded")
 def fail_discarded_message(
-    sender: Any = None, request: Any = None, terminated: bool = False, expired: bool = False, **extra: Any
+    sender: Any = None, request: Any = None, expired: bool = False, **extra: Any
 ) -> None:
     """A message the worker discarded unrun (revoked, or past its ``expires``) ends its PENDING
     record FAILED: no re-drive sends it again (a revoked call stays cancelled), and the next call
-    under its key runs it anew. A running delivery that was terminated keeps its own ending."""
-    if not isinstance(sender, IdempotentTask) or request is None or terminated:
+    under its key runs it anew. ``terminate=True`` too: a message a pool process accepted but had
+    not begun is still PENDING; a running delivery's record (IN_PROGRESS) is left to its lease."""
+    if not isinstance(sender, IdempotentTask) or request is None:
         return
     try:
         key = sender.resolve_key(request.args or (), request.kwargs or {})
