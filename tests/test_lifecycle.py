@@ -344,14 +344,25 @@ def test_a_take_over_renews_the_records_retention() -> None:
     assert not IdempotencyRecord.objects.expired().exists()
 
 
-def test_the_bodys_own_operational_error_is_its_own_in_eager_mode() -> None:
-    # A deadlock on a working connection: the task's autoretry (max_retries=1) runs it again, then
-    # it fails with the body's error, never taken for a lost connection.
-    with pytest.raises(OperationalError, match="deadlock detected"):
-        run(tasks.deadlocks, key="eager-deadlock")
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        (tasks.deadlocks, "deadlock detected"),
+        # The server cancels its statement on the connection the body opened again: still its own.
+        (tasks.times_out_after_reconnecting, "statement timeout|max_statement_time"),
+    ],
+    ids=["deadlock", "timeout after reconnecting"],
+)
+def test_the_bodys_own_operational_error_is_its_own_in_eager_mode(task: Any, message: str) -> None:
+    # An error on a working connection: the task's autoretry (max_retries=1) runs it again, then
+    # it fails with the body's error, never taken for a lost connection (the key left IN_PROGRESS).
+    if task is tasks.times_out_after_reconnecting and connection.vendor == "sqlite":
+        pytest.skip("SQLite has no server to cancel a statement")
+    with pytest.raises(OperationalError, match=message):
+        run(task, key="eager-own-error")
     record = IdempotencyRecord.objects.get()
     assert (record.status, record.attempts, error_of(record)["type"]) == ("FAILED", 2, "OperationalError")
-    assert calls("eager-deadlock") == 2
+    assert calls("eager-own-error") == 2
 
 
 def heartbeats() -> int:

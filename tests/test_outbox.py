@@ -9,6 +9,7 @@ import threading
 from contextlib import nullcontext
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -32,7 +33,12 @@ from django_idempotent_tasks.exceptions import (
 )
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.outbox import ReplayedResult
-from django_idempotent_tasks.tasks import IdempotentTask, purge_expired_records, redrive_pending_records
+from django_idempotent_tasks.tasks import (
+    IdempotentTask,
+    fail_discarded_message,
+    purge_expired_records,
+    redrive_pending_records,
+)
 from tests import brokers
 from tests.records import age
 from tests.running import run_command, run_task
@@ -245,6 +251,25 @@ def test_a_publish_that_failed_for_a_service_keeps_the_record_after_the_callers_
     with pytest.raises(redis.exceptions.ConnectionError), transaction.atomic():
         outbox_effect.apply_async((1,), {"idempotency_key": "ob-backend-down"})
     assert IdempotencyRecord.objects.get(key="ob-backend-down").status == Status.PENDING
+
+
+def test_a_discarded_message_fails_only_its_own_pending_record() -> None:
+    # What a worker's main process runs on Celery's task_revoked (tests/test_outbox_workers.py has
+    # the real revoke and expiry); here its every branch, in-process.
+    first = outbox_effect.delay(1, idempotency_key="ob-discarded")
+
+    def discarded(task: Any, task_id: str, kwargs: dict[str, Any], **flags: Any) -> None:
+        fail_discarded_message(
+            sender=task, request=SimpleNamespace(id=task_id, args=[1], kwargs=kwargs), **flags
+        )
+
+    discarded(purge_expired_records, first.id, {"idempotency_key": "ob-discarded"})  # not idempotent
+    discarded(outbox_effect, first.id, {})  # no key: no record of its own
+    discarded(outbox_effect, "another-message", {"idempotency_key": "ob-discarded"})  # not its message
+    assert IdempotencyRecord.objects.get(key="ob-discarded").status == Status.PENDING
+    discarded(outbox_effect, first.id, {"idempotency_key": "ob-discarded"}, expired=True)
+    record = IdempotencyRecord.objects.get(key="ob-discarded")
+    assert (record.status, (record.error or {})["type"]) == (Status.FAILED, "Expired")
 
 
 def test_a_replay_without_a_canvas_still_publishes_nothing() -> None:
