@@ -342,9 +342,19 @@ def _stored(record: IdempotencyRecord, status: str) -> dict[str, Any]:
     return dict(record.message)
 
 
+class MovedOn(OutboxError):
+    """The record is no longer the PENDING record read: a worker claimed it, or it was sent again."""
+
+
 def send_again(record: IdempotencyRecord) -> str:
     """Publish a PENDING record's stored message again under its own task id; returns the task id."""
     stored = _stored(record, Status.PENDING)
+    if not store.still_pending(record.scope, record.key, record.task_id):
+        # Read a while ago (the re-drive's listing, an admin page): a record that FAILED since
+        # would run again for nobody's asking.
+        raise MovedOn(
+            f"{record} is no longer PENDING under task id {record.task_id}: it moved on since it was read."
+        )
     stored["sent_at"] = _utc_now().isoformat()
     publish(stored)
     store.note_sent(record, stored)
@@ -428,6 +438,8 @@ def redrive(older_than: int, limit: int | None = None) -> Redriven:
     for record in due:
         try:
             send_again(record)
+        except MovedOn:
+            continue  # claimed or sent again since the listing: nothing left to send
         except (BrokerError, OSError) as exc:
             logger.warning("%s could not be sent again: %r; the next re-drive tries again.", record, exc)
             done.broker_error = exc

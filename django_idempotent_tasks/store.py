@@ -714,6 +714,11 @@ def fail_pending(scope: str, key: str, task_id: str, error: dict[str, str]) -> b
     return _mark_failed(pending, error)  # no attempt to end: none began
 
 
+def still_pending(scope: str, key: str, task_id: str) -> bool:
+    """The record of a scoped key is PENDING under ``task_id``, as last committed."""
+    return bool(records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING).exists())
+
+
 def withdraw_pending(scope: str, key: str, task_id: str) -> None:
     """Delete the PENDING record a call wrote under ``task_id``, if it is still that record."""
     records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING).delete()

@@ -17,6 +17,8 @@ from django.contrib.auth.models import User
 from django.core.management import CommandError
 from django.utils.dateparse import parse_datetime
 
+from django_idempotent_tasks import outbox
+from django_idempotent_tasks.exceptions import OutboxError
 from django_idempotent_tasks.models import IdempotencyRecord
 from django_idempotent_tasks.outbox import ReplayedResult
 from django_idempotent_tasks.tasks import HANDED_ON, redrive_pending_records
@@ -145,3 +147,19 @@ def test_a_key_whose_body_handed_on_is_not_replayed_at_the_caller_as_its_marker(
     assert queued() == []
     record = IdempotencyRecord.objects.get(key="rf-handed-on")
     assert (record.status, record.result) == (IdempotencyRecord.Status.SUCCEEDED, HANDED_ON)
+
+
+def test_the_redrive_never_sends_a_record_that_moved_on_since_its_listing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    outbox_effect.delay(1, idempotency_key="moved-on")
+    brokers.empty()
+    listed = list(IdempotencyRecord.objects.filter(key="moved-on"))  # the re-drive's listing
+    # Meanwhile a worker claimed the key and its body failed: a re-send would run it again.
+    IdempotencyRecord.objects.filter(key="moved-on").update(status=IdempotencyRecord.Status.FAILED)
+    monkeypatch.setattr(outbox, "redrivable", lambda older_than, limit=None: listed)
+    done = outbox.redrive(0)
+    assert (done.sent, done.unsent, done.broker_error) == ([], [], None)
+    assert queued() == []
+    with pytest.raises(OutboxError, match="no longer PENDING"):  # the admin's Send again, on a stale page
+        outbox.send_again(listed[0])
