@@ -236,7 +236,7 @@ REFUSED_CALL = (SerializationError, SerializerNotInstalled, TypeError, ValueErro
 
 def _after_commit(send: Callable[[], Any], label: str, withdraw: Callable[[], Any] | None = None) -> None:
     """Publish when the caller's transaction commits (at once in autocommit): a rollback sends
-    nothing. ``withdraw`` takes the record back when the publish raises anything but a broker error."""
+    nothing. ``withdraw`` takes the record back when the publish refuses the call itself (REFUSED_CALL)."""
     if store.in_transaction():
         transaction.on_commit(lambda: _send_or_warn(send, label, withdraw), using=store.database())
     else:

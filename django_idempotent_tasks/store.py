@@ -707,21 +707,25 @@ def insert_pending(
     return True
 
 
+def _pending_under(scope: str, key: str, task_id: str) -> Any:
+    """The record of a scoped key while it is PENDING under the message ``task_id``."""
+    return records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING)
+
+
 def fail_pending(scope: str, key: str, task_id: str, error: dict[str, str]) -> bool:
     """Mark FAILED the PENDING record whose message ``task_id`` a worker discarded unrun (revoked or
     expired); False if the key has moved on (claimed, sent again under another id)."""
-    pending = records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING)
-    return _mark_failed(pending, error)  # no attempt to end: none began
+    return _mark_failed(_pending_under(scope, key, task_id), error)  # no attempt to end: none began
 
 
 def still_pending(scope: str, key: str, task_id: str) -> bool:
     """The record of a scoped key is PENDING under ``task_id``, as last committed."""
-    return bool(records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING).exists())
+    return bool(_pending_under(scope, key, task_id).exists())
 
 
 def withdraw_pending(scope: str, key: str, task_id: str) -> None:
     """Delete the PENDING record a call wrote under ``task_id``, if it is still that record."""
-    records().filter(scope=scope, key=key, task_id=task_id, status=Status.PENDING).delete()
+    _pending_under(scope, key, task_id).delete()
 
 
 def abandoned(record: Snapshot) -> bool:
